@@ -1,0 +1,34 @@
+# Every target sets up what it needs: `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is installed first and on its own: 2.13.0 is the CPU wheel for development. GPU users bring
+# their own CUDA build; a range that an installed torch satisfies installs nothing more.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e '.[train,dev]'
+	touch $@
+
+demo: install
+	$(BIN)/orch run examples/digits.yaml
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check orchestrator tests benchmarks
+	$(BIN)/ruff format --check orchestrator tests benchmarks
+
+bench: install
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache runs

@@ -1,0 +1,84 @@
+"""The `orch` command line. It parses, calls one library function and prints; nothing else lives here.
+
+Commands are loaded lazily (click's documented LazyGroup pattern): `orch --help` imports click and the
+small command modules only, never torch, kubernetes, jinja2 or prometheus_client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from orchestrator import __version__
+
+# name -> "module:attribute", in the order `orch --help` lists them.
+COMMANDS: dict[str, str] = {
+    "init": "orchestrator.commands.spec_cmds:init",
+    "validate": "orchestrator.commands.spec_cmds:validate",
+    "render": "orchestrator.commands.spec_cmds:render",
+    "run": "orchestrator.commands.run_cmd:run",
+    "submit": "orchestrator.commands.cluster_cmds:submit",
+    "status": "orchestrator.commands.cluster_cmds:status",
+    "list": "orchestrator.commands.cluster_cmds:list_jobs",
+    "logs": "orchestrator.commands.cluster_cmds:logs",
+    "wait": "orchestrator.commands.cluster_cmds:wait",
+    "delete": "orchestrator.commands.cluster_cmds:delete",
+    "top": "orchestrator.commands.top_cmd:top",
+    "build": "orchestrator.commands.build_cmds:build",
+    "doctor": "orchestrator.commands.build_cmds:doctor",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if self._importable(name)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS or not self._importable(cmd_name):
+            return None
+        module_name, attribute = COMMANDS[cmd_name].split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    @staticmethod
+    def _importable(cmd_name: str) -> bool:
+        module_name = COMMANDS[cmd_name].split(":")[0]
+        return importlib.util.find_spec(module_name) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="orch")
+def cli() -> None:
+    """Describe a distributed PyTorch training job once in job.yaml, run it here, or on Kubernetes.
+
+    \b
+    Quick start:
+      orch init job.yaml             write a commented starter job
+      orch run job.yaml              train on this machine (torchrun, CPU or local GPUs)
+      orch render job.yaml           print the PyTorchJob and monitoring objects
+      orch submit job.yaml --follow  send it to the cluster kubectl points at, stream logs
+      orch status NAME | logs NAME | top NAME | delete NAME
+    """
+
+
+def main() -> None:
+    """Entry point: run the CLI and turn orch's errors into one line and an exit code."""
+    from orchestrator.errors import OrchError
+
+    try:
+        exit_code = cli.main(standalone_mode=False, prog_name="orch")
+    except OrchError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except click.exceptions.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    # A command's integer return value is its exit code (e.g. `orch wait`: 124 on timeout).
+    sys.exit(exit_code if isinstance(exit_code, int) else 0)

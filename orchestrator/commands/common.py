@@ -1,0 +1,49 @@
+"""Options and helpers shared by several commands. Imports only click at module level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def job_options(fn: F) -> F:
+    """`JOB` (path to job.yaml) and repeatable `--set key.path=value` overrides."""
+    fn = click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a field of the job file, e.g. --set nodes=4 --set train.optimizer.lr=1e-3. "
+        "Values are parsed as YAML. Repeatable.",
+    )(fn)
+    return click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))(fn)
+
+
+def output_option(*choices: str, default: str | None = None) -> Callable[[F], F]:
+    """`-o/--output FORMAT` with the given choices; the first one is the default."""
+
+    def decorate(fn: F) -> F:
+        return click.option(
+            "-o",
+            "--output",
+            type=click.Choice(choices),
+            default=default or choices[0],
+            show_default=True,
+            help="Output format.",
+        )(fn)
+
+    return decorate
+
+
+def load_job(job_file: str, overrides: tuple[str, ...], *, require_image: bool = False) -> JobSpec:
+    """Load and validate a job file for a command; raises SpecError (exit 2) on any problem."""
+    from orchestrator import loading
+
+    return loading.load_job(job_file, overrides, require_image=require_image)

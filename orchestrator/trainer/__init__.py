@@ -1,0 +1,1 @@
+"""The training entrypoint that runs in every pod under torchrun: `python -m orchestrator.trainer`."""
