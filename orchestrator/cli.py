@@ -48,7 +48,9 @@ class LazyGroup(click.Group):
         return importlib.util.find_spec(module_name) is not None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="orch")
 def cli() -> None:
     """Describe a distributed PyTorch training job once in job.yaml, run it here, or on Kubernetes.

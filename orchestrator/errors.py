@@ -17,8 +17,15 @@ class SpecError(OrchError):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, file: str = "", line: int | None = None, column: int | None = None,
-                 field: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str = "",
+        line: int | None = None,
+        column: int | None = None,
+        field: str = "",
+    ) -> None:
         self.file, self.line, self.column, self.field, self.reason = file, line, column, field, message
         where = file
         if file and line is not None:

@@ -1,0 +1,440 @@
+"""The job spec: what one job.yaml may say, as frozen pydantic models. Pure data, no I/O.
+
+Field names are a contract with users, docs and checks: add fields, never rename them. Every model forbids
+unknown keys; `orchestrator.loading` turns validation errors into `job.yaml:LINE:COL: field: message`.
+Cross-field rules live in `JobSpec._check_consistency`, each raising `FieldError` with the path it is about.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+# --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
+
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# A Kubernetes quantity: a number with an optional binary (Ki..Ei), decimal (m, k..E) or exponent suffix.
+QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][-+]?\d+)?$")
+DURATION_PART = re.compile(r"(\d+)([smhdw])")
+DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+BUILTIN_TASKS = ("digits", "gpt", "synthetic")
+
+MAX_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 is the label limit
+
+
+class FieldError(Exception):
+    """A cross-field rule failed. `path` is the dotted field the user must change.
+
+    Deliberately not a ValueError: pydantic would wrap it and lose the path.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path, self.message = path, message
+
+
+def _check(pattern: re.Pattern[str], what: str, max_length: int | None = None):
+    def validate(value: str) -> str:
+        if max_length is not None and len(value) > max_length:
+            raise ValueError(f"{value!r} is longer than {max_length} characters")
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+
+    return validate
+
+
+def _quantity(value: Any) -> str:
+    """Accept `cpu: 8` or `memory: 64Gi`; always hand Kubernetes a string."""
+    if isinstance(value, bool):
+        raise ValueError("must be a quantity like 8, 500m or 64Gi, not a boolean")
+    if isinstance(value, (int, float)):
+        value = format(value, "g")
+    if not isinstance(value, str) or not QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 8, 500m, 64Gi, 1.5G)")
+    return value
+
+
+def _duration(value: Any) -> int:
+    """`24h`, `1d`, `1h30m`, `90s` or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like 30m, 24h or 1d")
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str) and value and DURATION_PART.sub("", value) == "":
+        seconds = sum(int(n) * DURATION_SECONDS[unit] for n, unit in DURATION_PART.findall(value))
+    else:
+        raise ValueError(f"{value!r} is not a duration (examples: 90s, 30m, 1h30m, 24h, 1d)")
+    if seconds <= 0:
+        raise ValueError("must be longer than 0 seconds")
+    return seconds
+
+
+def _string_value(value: Any) -> Any:
+    """Env values and selectors are strings; let `OMP_NUM_THREADS: 4` through, refuse `true` (ambiguous)."""
+    if isinstance(value, bool):
+        raise ValueError(
+            f'{str(value).lower()} is a YAML boolean; quote it ("{str(value).lower()}") to pass a string'
+        )
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity)]
+Duration = Annotated[int, BeforeValidator(_duration)]
+StringValue = Annotated[str, BeforeValidator(_string_value)]
+Dns1123Label = Annotated[
+    str, AfterValidator(_check(DNS1123_LABEL, "DNS-1123 label (lowercase letters, digits, '-')", 63))
+]
+Dns1123Name = Annotated[
+    str, AfterValidator(_check(DNS1123_SUBDOMAIN, "DNS-1123 name (lowercase letters, digits, '-', '.')", 253))
+]
+AbsolutePath = Annotated[
+    str, AfterValidator(lambda p: p if p.startswith("/") else _fail(f"{p!r} must be an absolute path"))
+]
+PositiveInt = Annotated[int, Field(gt=0)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _fail(message: str):
+    raise ValueError(message)
+
+
+def _check_label_key(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        raise ValueError(f"key {key!r}: prefix {prefix!r} must be a DNS-1123 subdomain")
+    if len(name) > 63 or not QUALIFIED_NAME.match(name):
+        raise ValueError(
+            f"key {key!r} is not a valid Kubernetes label/annotation key "
+            "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
+        )
+    return key
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        _check_label_key(key)
+        if len(value) > 63 or not LABEL_VALUE.match(value):
+            raise ValueError(
+                f"value {value!r} of label {key!r} is not a valid label value "
+                "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
+            )
+    return labels
+
+
+def _check_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    for key in annotations:
+        _check_label_key(key)
+    return annotations
+
+
+def _check_env_names(env: dict[str, Any]) -> dict[str, Any]:
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+    return env
+
+
+class Model(BaseModel):
+    """Base of every spec model: immutable, unknown keys are errors, defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --- train: the built-in trainer ---------------------------------------------------------------------------
+
+
+class OptimizerSpec(Model):
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: Annotated[float, Field(gt=0)] = 3.0e-4
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """SGD only."""
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    """Adam and AdamW only."""
+
+
+class ScheduleSpec(Model):
+    name: Literal["constant", "linear", "cosine", "step", "plateau"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Linear warmup from 0 to lr over this many optimizer steps (every schedule)."""
+    min_lr: Annotated[float, Field(ge=0)] = 0.0
+    """Floor of linear and cosine decay, and of plateau reductions."""
+    step_size: PositiveInt = 100
+    """step: multiply the rate by `gamma` every `step_size` optimizer steps."""
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
+    patience: Annotated[int, Field(ge=0)] = 3
+    """plateau: evaluations without improvement before the rate is multiplied by `factor`."""
+    factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    threshold: Annotated[float, Field(ge=0)] = 1.0e-4
+    """plateau: relative improvement of the loss that counts as better."""
+
+
+class CheckpointSpec(Model):
+    dir: str | None = None
+    """None: <output dir>/checkpoints. A relative path is taken under the output dir."""
+    every_steps: Annotated[int, Field(ge=0)] = 200
+    """0: only at the end."""
+    keep: PositiveInt = 2
+
+
+class TrainSpec(Model):
+    task: str = "digits"
+    task_args: dict[str, Any] = {}
+    batch_size: PositiveInt = 256
+    """GLOBAL samples per optimizer step, whatever the world size."""
+    micro_batch_size: PositiveInt | None = None
+    """Samples per process per forward pass. None: batch_size / world (no accumulation)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    max_steps: PositiveInt | None = None
+    epochs: PositiveInt | None = None
+    grad_clip: Annotated[float, Field(ge=0)] | None = 1.0
+    seed: int = 0
+    log_every: PositiveInt = 10
+    eval_every: Annotated[int, Field(ge=0)] = 100
+    """Optimizer steps between evaluations; 0: only at the end."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    nonfinite_loss: Literal["stop", "skip"] = "stop"
+    tf32: bool = True
+    cuda_alloc_conf: str = "expandable_segments:True"
+    """PYTORCH_CUDA_ALLOC_CONF unless the environment already sets it (the seed's 'GPU memory growth')."""
+    compile: bool = False
+    num_workers: Annotated[int, Field(ge=0)] = 0
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in BUILTIN_TASKS and not IMPORT_PATH.match(task):
+            raise ValueError(
+                f"{task!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) "
+                "nor an import path like 'mypkg.tasks:make_task'"
+            )
+        return task
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainSpec:
+        if self.max_steps is not None and self.epochs is not None:
+            raise ValueError("set max_steps or epochs, not both")
+        return self
+
+    def micro_batch(self, world_size: int) -> int:
+        return self.micro_batch_size or self.batch_size // world_size
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-steps per optimizer step: batch_size / (micro_batch_size x world_size)."""
+        return self.batch_size // (self.micro_batch(world_size) * world_size)
+
+    def batch_problem(self, world_size: int) -> str | None:
+        """Why this batch cannot be split over `world_size` processes, or None."""
+        micro = self.micro_batch(world_size)
+        if micro < 1 or self.batch_size % (micro * world_size):
+            return (
+                f"batch_size {self.batch_size} is not divisible by micro_batch_size {micro} x "
+                f"world size {world_size}; pick a batch_size that is a multiple of {micro * world_size}"
+            )
+        return None
+
+
+# --- the pods ------------------------------------------------------------------------------------------------
+
+
+class Resources(Model):
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
+    shm: Quantity | None = None
+    """Size of /dev/shm (a memory emptyDir); NCCL and DataLoader workers need more than the default 64M."""
+
+
+class SecretRef(Model):
+    secret: Dns1123Name
+    key: Annotated[str, Field(min_length=1)]
+
+
+class Volume(Model):
+    name: Dns1123Label
+    mount: AbsolutePath
+    read_only: bool = False
+    pvc: Dns1123Name | None = None
+    empty_dir: Quantity | bool | None = None
+    """A size (20Gi) or true for an unbounded emptyDir."""
+    config_map: Dns1123Name | None = None
+    secret: Dns1123Name | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        sources = [
+            s for s in ("pvc", "empty_dir", "config_map", "secret") if getattr(self, s) not in (None, False)
+        ]
+        if len(sources) != 1:
+            found = ", ".join(sources) or "none"
+            raise ValueError(
+                f"volume {self.name!r} needs exactly one of pvc, empty_dir, config_map, secret "
+                f"(found: {found})"
+            )
+        return self
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: StringValue | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Scheduling(Model):
+    queue: Annotated[str, AfterValidator(_check(LABEL_VALUE, "Kueue queue name", 63))] | None = None
+    """Kueue LocalQueue: rendered as the kueue.x-k8s.io/queue-name label."""
+    priority_class: Dns1123Name | None = None
+    scheduler: Dns1123Name | None = None
+    """schedulerName of the pods, e.g. volcano."""
+
+
+class Restart(Model):
+    policy: Literal["on-failure", "exit-code", "never"] = "on-failure"
+    """exit-code: retry only exit codes >= 128 (signals, OOM kills); 1-127 fail the job at once."""
+    backoff_limit: Annotated[int, Field(ge=0)] = 3
+
+
+class Elastic(Model):
+    min_nodes: PositiveInt
+    max_nodes: PositiveInt
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Elastic:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) is larger than max_nodes ({self.max_nodes})")
+        return self
+
+
+class Metrics(Model):
+    enabled: bool = True
+    port: Port = 9400
+    release: Annotated[str, AfterValidator(_check(LABEL_VALUE, "label value", 63))] | None = (
+        "kube-prometheus-stack"
+    )
+    """`release` label on the PodMonitor: kube-prometheus-stack selects PodMonitors by its Helm release name."""
+    interval: Duration = 15
+    """Prometheus scrape interval, seconds (written as 15s)."""
+    gpu_sample_seconds: Annotated[float, Field(gt=0)] = 5.0
+    peak_tflops: Annotated[float, Field(gt=0)] | None = None
+    """Peak dense TFLOP/s of one GPU for MFU, when the built-in table does not know it."""
+
+
+# --- the job -------------------------------------------------------------------------------------------------
+
+
+class JobSpec(Model):
+    name: Annotated[
+        str,
+        AfterValidator(
+            _check(
+                DNS1035_LABEL,
+                "job name: a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
+                MAX_NAME_LENGTH,
+            )
+        ),
+    ]
+    namespace: Dns1123Label | None = None
+    image: Annotated[str, Field(min_length=1, pattern=r"^\S+$")] | None = None
+    nodes: PositiveInt = 1
+    gpus_per_node: Annotated[int, Field(ge=0)] = 0
+    procs_per_node: PositiveInt = None  # type: ignore[assignment]  # resolved in _defaults
+    resources: Resources = Resources()
+    train: TrainSpec | None = None
+    command: Annotated[list[StringValue], Field(min_length=1)] | None = None
+    env: Annotated[dict[str, StringValue], AfterValidator(_check_env_names)] = {}
+    secret_env: Annotated[dict[str, SecretRef], AfterValidator(_check_env_names)] = {}
+    volumes: list[Volume] = []
+    node_selector: Annotated[dict[str, StringValue], AfterValidator(_check_labels)] = {}
+    tolerations: list[Toleration] = []
+    affinity: dict[str, Any] | None = None
+    image_pull_secrets: list[Dns1123Name] = []
+    service_account: Dns1123Name | None = None
+    scheduling: Scheduling = Scheduling()
+    restart: Restart = Restart()
+    elastic: Elastic | None = None
+    deadline: Duration | None = None
+    """activeDeadlineSeconds of the job."""
+    ttl_after_finished: Duration | None = None
+    metrics: Metrics = Metrics()
+    labels: Annotated[dict[str, StringValue], AfterValidator(_check_labels)] = {}
+    annotations: Annotated[dict[str, StringValue], AfterValidator(_check_annotations)] = {}
+    pod_overrides: dict[str, Any] = {}
+    """Advanced: deep-merged into the pod template spec of every replica."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("procs_per_node") is None:
+            gpus = data.get("gpus_per_node") or 0
+            data = {**data, "procs_per_node": gpus if isinstance(gpus, int) and gpus > 0 else 1}
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> JobSpec:
+        if (self.train is None) == (self.command is None):
+            raise FieldError(
+                "train",
+                "set exactly one of train (the built-in trainer) or command (your own "
+                "script, launched by torchrun)",
+            )
+        if self.gpus_per_node and self.procs_per_node != self.gpus_per_node:
+            raise FieldError(
+                "procs_per_node",
+                f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node "
+                f"({self.gpus_per_node}): each process drives one GPU",
+            )
+        if self.train is not None and (problem := self.train.batch_problem(self.world_size)):
+            field = "train.micro_batch_size" if self.train.micro_batch_size else "train.batch_size"
+            raise FieldError(field, problem)
+        if self.elastic is not None:
+            if not self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes:
+                raise FieldError(
+                    "elastic",
+                    f"nodes ({self.nodes}) must lie between elastic.min_nodes "
+                    f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
+                )
+            if self.nodes < 2:
+                raise FieldError(
+                    "elastic", "elastic jobs need nodes >= 2 (the operator scales Worker replicas)"
+                )
+        names = [v.name for v in self.volumes]
+        if dup := next((n for n in names if names.count(n) > 1), None):
+            raise FieldError("volumes", f"volume name {dup!r} is used twice")
+        mounts = [v.mount for v in self.volumes]
+        if dup := next((m for m in mounts if mounts.count(m) > 1 or m in RESERVED_MOUNTS), None):
+            reason = "is reserved by orch" if dup in RESERVED_MOUNTS else "is used twice"
+            raise FieldError("volumes", f"mount path {dup!r} {reason}")
+        if clash := sorted(set(self.env) & set(self.secret_env)):
+            raise FieldError("secret_env", f"{clash[0]!r} is set in both env and secret_env")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+# Paths orch mounts into every pod (see manifests/pytorchjob.yaml.j2); a user volume cannot take them.
+RESERVED_MOUNTS = ("/dev/shm", "/etc/orch", "/orch/output")
