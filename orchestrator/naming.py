@@ -1,0 +1,62 @@
+"""Names orch writes into Kubernetes objects and reads back: labels, container/port names, object names.
+
+Rendering (render.py) writes these; the cluster side (cluster.py, status.py) selects and reads with the same
+constants, so a rename happens in one place. Imports nothing.
+"""
+
+from __future__ import annotations
+
+# --- Labels orch puts on every object it renders (the PyTorchJob, its pod templates, ConfigMap, PodMonitor).
+LABEL_JOB = "orch.dev/job"  # value: the job name; selects one job's objects and pods
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "orch"  # LABEL_MANAGED_BY value: `orch list` selects orch's jobs with MANAGED_SELECTOR
+LABEL_NAME = "app.kubernetes.io/name"  # value: the job name
+LABEL_INSTANCE = "app.kubernetes.io/instance"  # value: the job name
+LABEL_COMPONENT = "app.kubernetes.io/component"
+COMPONENT_TRAINING = "training"  # LABEL_COMPONENT value of the job and its pods
+COMPONENT_CONFIG = "config"  # ... of the ConfigMap
+COMPONENT_MONITORING = "monitoring"  # ... of the PodMonitor
+
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+# Kueue admits a job into the LocalQueue named by this label (on the PyTorchJob itself).
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# The Prometheus operator's Prometheus selects PodMonitors by this label (kube-prometheus-stack: the Helm release).
+LABEL_PROMETHEUS_RELEASE = "release"
+
+# --- Labels the Kubeflow training operator (v1.9) puts on the pods it creates (read-only for orch).
+LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)
+LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+LABEL_JOB_ROLE = "training.kubeflow.org/job-role"  # "master" on the pod that hosts rank 0
+
+# --- Containers, ports, paths inside the pods.
+CONTAINER_NAME = "pytorch"  # the operator requires it; logs and exit codes are read from it
+RDZV_PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT / the rendezvous port from this port
+RDZV_PORT = 23456
+METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes this named port
+CONFIG_DIR = "/etc/orch"  # the ConfigMap is mounted here, read-only
+TRAIN_CONFIG_KEY = "train.json"
+TRAIN_CONFIG_PATH = f"{CONFIG_DIR}/{TRAIN_CONFIG_KEY}"
+OUTPUT_DIR = "/orch/output"  # ORCH_OUTPUT_DIR in pods (an emptyDir: survives container restarts)
+
+
+def config_map_name(job_name: str) -> str:
+    """The ConfigMap holding a job's `train` section."""
+    return f"{job_name}-config"
+
+
+def job_selector(job_name: str) -> str:
+    """Label selector for everything orch rendered for one job (its pods included)."""
+    return f"{LABEL_JOB}={job_name}"
+
+
+def standard_labels(job_name: str, component: str) -> dict[str, str]:
+    """The labels orch puts on each object of a job; user labels never override these."""
+    return {
+        LABEL_NAME: job_name,
+        LABEL_INSTANCE: job_name,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB: job_name,
+    }
