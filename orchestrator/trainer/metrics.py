@@ -1,18 +1,197 @@
-"""Prometheus exporter for the trainer (placeholder with the agreed interface; the metrics work replaces it).
+"""Prometheus exporter for the trainer: training series of every local rank and GPU series, one endpoint per node.
 
-The trainer calls only what is below. `build_metrics` returns a NullMetrics when metrics are off.
+How the ranks of one node (pod) share one scrape endpoint: prometheus-client's multiprocess mode.
+- Every rank writes its own series into memory-mapped files in one directory per node
+  (`PROMETHEUS_MULTIPROC_DIR`, default `<tmp>/orch-metrics-<job>-<port>`). A write is a store into a mmap:
+  no socket, no thread, no host-device synchronisation in the training step.
+- Local rank 0 also serves HTTP on the metrics port: its registry merges every rank's files on each scrape
+  (`MultiProcessCollector`) and adds the GPU series its background sampler (gpu.py) read last.
+- Gauges use mode `livemostrecent`: each series is written by exactly one rank, and a dead rank's gauges drop out.
+- Files of processes that are no longer alive are deleted at start and on every scrape (after an elastic restart
+  the new workers must not inherit the old workers' counters; a reused pid must not reopen a stale file).
+
+The exporter must never take training down: a port in use or any exporter error is a warning, not a crash.
 """
 
 from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GPU_SAMPLE_SECONDS = 5.0
+
+# Step time buckets (seconds): 5 ms to 2 min, ~1.6x apart, so p50/p95 interpolate within ~25%.
+STEP_SECONDS_BUCKETS = (
+    0.005,
+    0.01,
+    0.015,
+    0.025,
+    0.04,
+    0.06,
+    0.1,
+    0.15,
+    0.25,
+    0.4,
+    0.6,
+    1.0,
+    1.5,
+    2.5,
+    4.0,
+    6.0,
+    10.0,
+    15.0,
+    25.0,
+    40.0,
+    60.0,
+    120.0,
+)
+
+# Dense (no sparsity) BF16 tensor-core peak TFLOP/s per GPU, from NVIDIA's datasheets; matched in order against
+# torch.cuda.get_device_name(), so more specific names come first. V100 and T4 have no bf16: their FP16 peak.
+# Not listed or a different precision: set ORCH_PEAK_TFLOPS or `metrics.peak_tflops` in job.yaml.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800", 989.0),
+    ("H20", 148.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("A30", 165.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("V100S", 130.0),
+    ("V100-PCIE", 112.0),
+    ("V100", 125.0),
+    ("T4", 65.0),
+)
+
+
+def peak_tflops_for(device_name: str) -> float | None:
+    """Peak dense BF16 TFLOP/s of a GPU model from its CUDA name, or None when the table does not know it."""
+    for key, tflops in PEAK_TFLOPS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![0-9])", device_name, re.IGNORECASE):
+            return tflops
+    return None
+
+
+def resolve_peak_flops(*, override_tflops: float | None, device_name: str | None) -> float | None:
+    """Peak FLOP/s used for MFU: ORCH_PEAK_TFLOPS, else job.yaml's metrics.peak_tflops, else the GPU table."""
+    env = os.environ.get("ORCH_PEAK_TFLOPS", "").strip()
+    if env:
+        try:
+            if float(env) > 0:
+                return float(env) * 1e12
+        except ValueError:
+            pass
+        log.warning("ignoring ORCH_PEAK_TFLOPS=%r: not a positive number", env)
+    if override_tflops:
+        return override_tflops * 1e12
+    tflops = peak_tflops_for(device_name) if device_name else None
+    return tflops * 1e12 if tflops else None
+
+
+def mfu(flops: float, step_seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation, 0-1: the FLOP/s the model needed divided by what the device could do."""
+    return flops / step_seconds / peak_flops if step_seconds > 0 and peak_flops > 0 else 0.0
+
+
+# --- the multiprocess directory ----------------------------------------------------------------------------------
+
+_DB_FILE = re.compile(r"_(\d+)\.db$")
+
+
+def default_multiproc_dir(job: str, port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"orch-metrics-{job}-{port}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def prune_dead_files(directory: Path, *, also_pid: int | None = None) -> list[str]:
+    """Delete the metric files of processes that are gone (and of `also_pid`: our own stale files at start)."""
+    removed = []
+    for path in directory.glob("*.db"):
+        match = _DB_FILE.search(path.name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid == also_pid or not _pid_alive(pid):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except FileNotFoundError:
+                pass  # another rank pruned it first
+    return removed
+
+
+def _use_multiprocess_values(directory: Path) -> None:
+    """Make prometheus-client store values in `directory` (it reads the env var once, at import)."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    from prometheus_client import values
+
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()
+
+
+class _LiveFilesCollector:
+    """MultiProcessCollector that forgets dead processes first, so a crashed rank's series do not linger."""
+
+    def __init__(self, directory: Path) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self._directory = directory
+        self._inner = MultiProcessCollector(None, path=str(directory))
+
+    def collect(self):
+        prune_dead_files(self._directory)
+        return self._inner.collect()
+
+
+# --- the exporter -------------------------------------------------------------------------------------------------
 
 
 class NullMetrics:
     """Metrics that do nothing: used when metrics are disabled (no branches in the loop)."""
 
-    def on_step(self, *, step: int, samples: int, tokens: int = 0, loss: float | None = None,
-                lr: float | None = None, grad_norm: float | None = None, step_seconds: float = 0.0,
-                data_wait_seconds: float = 0.0, loss_scale: float | None = None, skipped: bool = False,
-                flops: float | None = None) -> None:
+    serving_port: int | None = None
+
+    def on_step(
+        self,
+        *,
+        step: int,
+        samples: int,
+        tokens: int = 0,
+        loss: float | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+        step_seconds: float = 0.0,
+        data_wait_seconds: float = 0.0,
+        loss_scale: float | None = None,
+        skipped: bool = False,
+        flops: float | None = None,
+    ) -> None:
         pass
 
     def set_restart_count(self, count: int) -> None:
@@ -22,6 +201,311 @@ class NullMetrics:
         pass
 
 
-def build_metrics(*, enabled: bool, job: str, rank: int, local_rank: int, node_rank: int,
-                  local_world_size: int, port: int, device: str) -> NullMetrics:
-    return NullMetrics()
+class PrometheusMetrics(NullMetrics):
+    """Training series of one rank; on local rank 0 also the HTTP endpoint and the GPU sampler of the node."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        rank: int,
+        local_rank: int,
+        node_rank: int,
+        port: int,
+        device: str,
+        directory: Path,
+        gpu_sample_seconds: float,
+        peak_flops: float | None,
+        serve: bool,
+        addr: str,
+        gpu_reader=None,
+        gpu_devices=None,
+        sample_gpus: bool,
+    ) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self._device = device
+        self._cuda = device.startswith("cuda")
+        self._peak_flops = peak_flops
+        self._memory_every = gpu_sample_seconds
+        self._next_memory_read = 0.0
+        self._retries_seen = self._ooms_seen = 0
+        self._server = self._gpu = None
+        hostname = socket.gethostname()
+
+        names = ("job", "rank", "local_rank", "node_rank")
+        labels = dict(zip(names, (job, str(rank), str(local_rank), str(node_rank)), strict=True))
+
+        def gauge(name, doc):
+            return Gauge(name, doc, names, registry=None, multiprocess_mode="livemostrecent").labels(**labels)
+
+        def counter(name, doc):
+            return Counter(name, doc, names, registry=None).labels(**labels)
+
+        # Every series this rank writes, bound to its labels once (a step only stores numbers).
+        self._step = gauge("orch_train_step", "Last optimizer step number")
+        self._steps = counter(
+            "orch_train_optimizer_steps", "Optimizer steps taken (skipped AMP steps included)"
+        )
+        self._samples = counter("orch_train_samples", "Samples this rank processed")
+        self._tokens = counter("orch_train_tokens", "Tokens this rank processed")
+        self._loss = gauge("orch_train_loss", "Training loss at the last log step")
+        self._lr = gauge("orch_train_learning_rate", "Learning rate of the last step")
+        self._grad_norm = gauge("orch_train_grad_norm", "Gradient norm at the last log step")
+        self._step_seconds = Histogram(
+            "orch_train_step_duration_seconds",
+            "Wall time of one optimizer step",
+            names,
+            registry=None,
+            buckets=STEP_SECONDS_BUCKETS,
+        ).labels(**labels)
+        self._data_wait = counter("orch_train_data_wait_seconds", "Time spent waiting for the data loader")
+        self._last_step_time = gauge("orch_train_last_step_timestamp_seconds", "Unix time of the last step")
+        self._loss_scale = gauge("orch_train_amp_loss_scale", "AMP (fp16) gradient scaler scale")
+        self._skipped = counter(
+            "orch_train_amp_skipped_steps", "Optimizer steps skipped by AMP (inf/nan grads)"
+        )
+        self._flops = counter("orch_train_flops", "Model floating-point operations this rank computed")
+        self._mfu = gauge("orch_train_mfu_ratio", "Model FLOPs utilisation of the last step (0-1)")
+        self._restarts = gauge("orch_train_elastic_restarts", "Elastic restarts of the worker group so far")
+        if peak_flops:
+            gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(peak_flops)
+        gpu_uuid = ""
+        if self._cuda:
+            self._mem_allocated = gauge(
+                "orch_torch_cuda_memory_allocated_bytes", "Tensor memory allocated by torch"
+            )
+            self._mem_reserved = gauge(
+                "orch_torch_cuda_memory_reserved_bytes", "Memory held by torch's allocator"
+            )
+            self._mem_peak = gauge(
+                "orch_torch_cuda_memory_peak_allocated_bytes", "Peak tensor memory since start"
+            )
+            self._alloc_retries = counter(
+                "orch_torch_cuda_alloc_retries", "cudaMalloc retries after flushing the cache"
+            )
+            self._ooms = counter("orch_torch_cuda_ooms", "Out-of-memory errors torch's allocator raised")
+            gpu_uuid = _device_uuid(device)
+        Gauge(
+            "orch_rank_info",
+            "Where a rank runs (value 1)",
+            [*names, "hostname", "device", "gpu_uuid"],
+            registry=None,
+            multiprocess_mode="livemostrecent",
+        ).labels(**labels, hostname=hostname, device=device, gpu_uuid=gpu_uuid).set(1)
+        self.set_restart_count(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+
+        if serve:
+            self._serve(
+                port,
+                addr,
+                directory,
+                job=job,
+                node_rank=node_rank,
+                hostname=hostname,
+                gpu_sample_seconds=gpu_sample_seconds,
+                gpu_reader=gpu_reader,
+                gpu_devices=gpu_devices,
+                sample_gpus=sample_gpus,
+            )
+
+    def _serve(
+        self,
+        port,
+        addr,
+        directory,
+        *,
+        job,
+        node_rank,
+        hostname,
+        gpu_sample_seconds,
+        gpu_reader,
+        gpu_devices,
+        sample_gpus,
+    ) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        registry.register(_LiveFilesCollector(directory))
+        if sample_gpus:
+            from orchestrator.trainer import gpu
+
+            reader = gpu_reader if gpu_reader is not None else gpu.open_nvml_reader()
+            devices = list(gpu_devices or [])
+            if reader is not None and not devices:
+                try:
+                    devices = gpu.cuda_devices()
+                except Exception as error:
+                    log.warning("GPU metrics off: cannot list CUDA devices (%s)", error)
+            if reader is not None and devices:
+                self._gpu = gpu.GpuCollector(
+                    reader,
+                    devices,
+                    interval_seconds=gpu_sample_seconds,
+                    labels={"job": job, "node_rank": str(node_rank), "hostname": hostname},
+                )
+                self._gpu.start()
+                registry.register(self._gpu)
+        try:
+            self._server, _ = start_http_server(port, addr=addr, registry=registry)
+        except OSError as error:
+            log.warning(
+                "metrics endpoint off: cannot listen on %s:%d (%s); training goes on", addr, port, error
+            )
+            return
+        self.serving_port = self._server.server_port
+        log.info("serving metrics on http://%s:%d/metrics", addr, self.serving_port)
+
+    def on_step(
+        self,
+        *,
+        step: int,
+        samples: int,
+        tokens: int = 0,
+        loss: float | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+        step_seconds: float = 0.0,
+        data_wait_seconds: float = 0.0,
+        loss_scale: float | None = None,
+        skipped: bool = False,
+        flops: float | None = None,
+    ) -> None:
+        # Host-side numbers only: each line below stores a float into a memory-mapped file.
+        try:
+            self._step.set(step)
+            self._steps.inc()
+            self._samples.inc(samples)
+            if tokens:
+                self._tokens.inc(tokens)
+            if loss is not None:
+                self._loss.set(loss)
+            if lr is not None:
+                self._lr.set(lr)
+            if grad_norm is not None:
+                self._grad_norm.set(grad_norm)
+            self._step_seconds.observe(step_seconds)
+            self._data_wait.inc(max(data_wait_seconds, 0.0))
+            self._last_step_time.set(time.time())
+            if loss_scale is not None:
+                self._loss_scale.set(loss_scale)
+            if skipped:
+                self._skipped.inc()
+            if flops:
+                self._flops.inc(flops)
+                if self._peak_flops:
+                    self._mfu.set(mfu(flops, step_seconds, self._peak_flops))
+            if self._cuda and time.monotonic() >= self._next_memory_read:
+                self._read_cuda_memory()
+        except Exception as error:  # never let a metric take the step down
+            log.warning("metrics update failed: %s", error)
+
+    def _read_cuda_memory(self) -> None:
+        # The caching allocator's counters live in host memory: reading them does not synchronise with the GPU.
+        # memory_stats() builds a large dict, so read it every gpu_sample_seconds, not every step.
+        import torch
+
+        self._next_memory_read = time.monotonic() + self._memory_every
+        stats = torch.cuda.memory_stats(self._device)
+        self._mem_allocated.set(stats.get("allocated_bytes.all.current", 0))
+        self._mem_reserved.set(stats.get("reserved_bytes.all.current", 0))
+        self._mem_peak.set(stats.get("allocated_bytes.all.peak", 0))
+        retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+        self._alloc_retries.inc(max(retries - self._retries_seen, 0))
+        self._ooms.inc(max(ooms - self._ooms_seen, 0))
+        self._retries_seen, self._ooms_seen = retries, ooms
+
+    def set_restart_count(self, count: int) -> None:
+        self._restarts.set(count)
+
+    def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.stop()
+            self._gpu = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _device_uuid(device: str) -> str:
+    try:
+        import torch
+
+        index = torch.device(device).index or 0
+        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    except Exception:
+        return ""
+    return uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def build_metrics(
+    *,
+    enabled: bool,
+    job: str,
+    rank: int,
+    local_rank: int,
+    node_rank: int,
+    local_world_size: int,
+    port: int,
+    device: str,
+    gpu_sample_seconds: float | None = None,
+    peak_tflops: float | None = None,
+    addr: str | None = None,
+    gpu_reader=None,
+    gpu_devices=None,
+    sample_gpus: bool | None = None,
+    multiproc_dir: str | os.PathLike | None = None,
+) -> NullMetrics:
+    """The trainer's metrics: a PrometheusMetrics when enabled and the port is set, else a NullMetrics.
+
+    `gpu_sample_seconds` defaults to ORCH_GPU_SAMPLE_SECONDS or 5; `peak_tflops` is job.yaml's metrics.peak_tflops
+    (ORCH_PEAK_TFLOPS wins); `addr` defaults to ORCH_METRICS_ADDR or 0.0.0.0 (pods are scraped on their IP).
+    `gpu_reader` (a gpu.GpuReader) and `gpu_devices` (gpu.GpuDevice list) replace NVML and CUDA in tests;
+    `sample_gpus` forces the GPU sampler on or off (default: on when `device` is CUDA).
+    """
+    if not enabled or not port:
+        return NullMetrics()
+    try:
+        directory = Path(
+            multiproc_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or default_multiproc_dir(job, port)
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        prune_dead_files(directory, also_pid=os.getpid())
+        _use_multiprocess_values(directory)
+        if gpu_sample_seconds is None:
+            gpu_sample_seconds = _positive_float(
+                os.environ.get("ORCH_GPU_SAMPLE_SECONDS"), DEFAULT_GPU_SAMPLE_SECONDS
+            )
+        device_name = None
+        if device.startswith("cuda"):
+            import torch
+
+            device_name = torch.cuda.get_device_name(torch.device(device))
+        return PrometheusMetrics(
+            job=job,
+            rank=rank,
+            local_rank=local_rank,
+            node_rank=node_rank,
+            port=port,
+            device=device,
+            directory=directory,
+            gpu_sample_seconds=gpu_sample_seconds,
+            peak_flops=resolve_peak_flops(override_tflops=peak_tflops, device_name=device_name),
+            serve=local_rank == 0,
+            addr=addr or os.environ.get("ORCH_METRICS_ADDR") or "0.0.0.0",
+            gpu_reader=gpu_reader,
+            gpu_devices=gpu_devices,
+            sample_gpus=device.startswith("cuda") if sample_gpus is None else sample_gpus,
+        )
+    except Exception as error:  # metrics are optional: train without them rather than not at all
+        log.warning("metrics off: %s", error)
+        return NullMetrics()
+
+
+def _positive_float(text: str | None, default: float) -> float:
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if value > 0 and math.isfinite(value) else default
