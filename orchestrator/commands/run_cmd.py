@@ -1,0 +1,67 @@
+"""`orch run`: train the job on this machine. Parses, calls orchestrator.local, prints the result."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from orchestrator.commands.common import job_options, load_job
+
+
+@click.command()
+@job_options
+@click.option(
+    "--procs", type=click.IntRange(min=1), help="Processes to start (default: nodes x procs_per_node)."
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.max_steps/epochs)."
+)
+@click.option("--out", "output_dir", type=click.Path(file_okay=False), help="Output directory.")
+def run(
+    job_file: str, overrides: tuple[str, ...], procs: int | None, steps: int | None, output_dir: str | None
+) -> None:
+    """Run JOB on this machine: torch's elastic launcher, gloo on CPU or one process per local GPU.
+
+    The batch is global: with --procs the accumulation is recomputed so each optimizer step still sees
+    train.batch_size samples. Writes summary.json, model.pt and checkpoints to --out
+    (default runs/NAME-TIMESTAMP/); rerunning with the same --out resumes from the last checkpoint.
+
+    \b
+    Example:
+      orch run examples/digits.yaml
+      orch run examples/gpt.yaml --procs 1 --steps 20 --out runs/gpt-smoke
+      orch run job.yaml --set train.precision=bf16 --set train.optimizer.lr=1e-3
+    """
+    from orchestrator import local
+
+    spec = load_job(job_file, overrides)
+    plan = local.plan(spec, procs=procs, steps=steps, output_dir=output_dir)
+    what = (
+        f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
+        f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, {plan.train.precision}"
+        if plan.train
+        else " ".join(plan.command or [])
+    )
+    click.echo(f"orch run {spec.name}: {what} -> {plan.output_dir}/")
+    summary = local.run(plan, progress_bar=sys.stdout.isatty())
+    if summary is not None:
+        click.echo(format_summary(summary))
+
+
+def format_summary(summary: dict) -> str:
+    """The run's result on one line: eval metrics first (the number people look for)."""
+    evaluation = summary.get("eval") or {}
+    parts = [f"eval {name} {value:.4f}" for name, value in evaluation.items()]
+    if summary.get("final_loss") is not None:
+        parts.append(f"train loss {summary['final_loss']:.4f}")
+    rate = summary.get("samples_per_second")
+    parts.append(f"{summary['steps']} steps")
+    if rate:
+        parts.append(f"{rate:,.0f} samples/s")
+    if summary.get("tokens_per_second"):
+        parts.append(f"{summary['tokens_per_second']:,.0f} tokens/s")
+    if summary.get("skipped_steps"):
+        parts.append(f"{summary['skipped_steps']} skipped steps")
+    parts.append(f"{summary['wall_seconds']:.1f} s")
+    return "result: " + ", ".join(parts)

@@ -1,0 +1,82 @@
+"""One optimizer step: `accumulation` micro-steps, one gradient all-reduce, clip, update.
+
+Kept apart from the loop so tests can drive it directly (count all-reduces, inject an fp16 overflow).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    """This rank's mean loss over its micro-batches, still on the device (reading it would sync)."""
+    grad_norm: float
+    """Norm of the all-reduced gradient before clipping: identical on every rank."""
+    updated: bool
+    """False when the step was skipped: an fp16 overflow, or a non-finite gradient in fp32/bf16."""
+    data_wait_seconds: float
+
+
+def train_step(
+    model: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    batches: Iterator[Any],
+    *,
+    accumulation: int,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    autocast: Callable[[], AbstractContextManager],
+    grad_clip: float | None,
+    device: torch.device,
+) -> StepResult:
+    loss_sum = torch.zeros((), device=device)
+    data_wait = 0.0
+    for micro_step in range(accumulation):
+        started = time.perf_counter()
+        inputs, targets = next(batches)
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        data_wait += time.perf_counter() - started
+        # Gradients are all-reduced only on the last micro-step. The forward pass must be inside
+        # no_sync() too, or DDP still synchronises (torch DistributedDataParallel.no_sync docs).
+        sync = micro_step == accumulation - 1
+        with nullcontext() if sync else model.no_sync():
+            with autocast():
+                # Divided by the accumulation so the summed gradient is the mean over the global batch
+                # (DDP already averages over ranks).
+                loss = loss_fn(model(inputs), targets) / accumulation
+            # fp16: the scale stays constant over the micro-steps of one optimizer step.
+            scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+
+    # Once per optimizer step: unscale (fp16), measure and clip the gradient norm.
+    scaler.unscale_(optimizer)
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if grad_clip:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    # The one host sync of the step: whether the update may happen. The norm is of the all-reduced
+    # gradient, so every rank takes the same decision.
+    grad_norm = norm.item()
+    if scaler.is_enabled():
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)  # skips the update when unscale_ found inf/NaN
+        scaler.update()  # ... and then halves the scale
+        updated = scaler.get_scale() >= scale_before
+    else:
+        updated = math.isfinite(grad_norm)
+        if updated:
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait)
