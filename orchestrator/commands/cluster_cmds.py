@@ -1,0 +1,322 @@
+"""`orch submit|status|list|logs|wait|delete`: run a job on the cluster kubectl points at, and follow it.
+
+Each command parses its flags, calls one function of `orchestrator.cluster` and prints. Only click and the
+stdlib are imported here; `kubernetes` comes in through `orchestrator.cluster`, inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from orchestrator.commands.common import job_options, load_job, output_option
+from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.cluster import Cluster
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_TIMEOUT = 124  # like timeout(1)
+
+
+class Duration(click.ParamType):
+    """`90s`, `10m`, `2h`, `1d`, `1h30m`, or a number of seconds."""
+
+    name = "duration"
+    _part = re.compile(r"(\d+)([smhd])")
+    _units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        if text and self._part.sub("", text) == "":
+            return sum(int(n) * self._units[u] for n, u in self._part.findall(text))
+        self.fail(f"{value!r} is not a duration like 90s, 10m, 2h or 1h30m", param, ctx)
+
+
+DURATION = Duration()
+
+
+def cluster_options(fn: F) -> F:
+    """`--kubeconfig`, `--context`, `-n/--namespace`: which cluster and namespace, as with kubectl."""
+    fn = click.option(
+        "-n",
+        "--namespace",
+        help="Namespace. Default: the job file's namespace, else the context's, else `default`.",
+    )(fn)
+    fn = click.option("--context", help="Kubeconfig context to use (default: its current-context).")(fn)
+    return click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        help="Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster config).",
+    )(fn)
+
+
+def _connect(kubeconfig: str | None, context: str | None, namespace: str | None, job_namespace: str | None = None
+             ) -> Cluster:
+    from orchestrator import cluster
+
+    return cluster.connect(cluster.Target(kubeconfig, context, namespace), job_namespace=job_namespace)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def _note(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _ref(obj: dict[str, Any]) -> str:
+    """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}"
+
+
+@click.command()
+@job_options
+@cluster_options
+@click.option(
+    "--dry-run",
+    type=click.Choice(["client", "server"]),
+    help="client: print what would be sent, contact nothing. server: the API server validates, stores nothing.",
+)
+@click.option("--replace", is_flag=True, help="If a job of this name exists, delete it (and wait) first.")
+@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit 0 if it succeeded, 1 if not.")
+@click.option("-f", "--follow", is_flag=True, help="Stream every pod's logs until the job ends (implies --wait).")
+@output_option("yaml", "json")
+def submit(
+    job_file: str,
+    overrides: tuple[str, ...],
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    dry_run: str | None,
+    replace: bool,
+    wait_: bool,
+    follow: bool,
+    output: str,
+) -> int:
+    """Render JOB and create it on the cluster: the PyTorchJob, its ConfigMap and PodMonitor.
+
+    Everything is validated before anything is sent; if a create fails midway, what was created is
+    deleted again. The ConfigMap and PodMonitor are owned by the PyTorchJob, so deleting the job
+    removes them. `-o` sets the format of `--dry-run=client` output.
+
+    \b
+    Example:
+      orch submit job.yaml --follow
+      orch submit job.yaml -n research --context prod --set nodes=4
+      orch submit job.yaml --replace --wait
+      orch submit job.yaml --dry-run=client | less
+    """
+    from orchestrator import cluster, render
+
+    spec = load_job(job_file, overrides, require_image=True)
+    objects = render.render(spec)
+    if dry_run == "client":
+        target = cluster.Target(kubeconfig, context, namespace)
+        prepared = cluster.prepare(objects, cluster.resolve_namespace(target, job_namespace=spec.namespace))
+        click.echo(render.to_yaml(prepared) if output == "yaml" else render.to_json(prepared), nl=False)
+        return 0
+
+    target_cluster = _connect(kubeconfig, context, namespace, spec.namespace)
+    result = cluster.submit(target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=_warn)
+    suffix = " (server dry run)" if dry_run == "server" else ""
+    for obj in result.created:
+        click.echo(f"{_ref(obj)} created{suffix}")
+    if dry_run == "server":
+        return 0
+    name, ns = spec.name, target_cluster.namespace
+    if follow:
+        return _follow_to_end(target_cluster, name)
+    if wait_:
+        return _wait(target_cluster, name, timeout=None)
+    _note(f"follow it: orch logs {name} -n {ns} -f   |   orch status {name} -n {ns}")
+    return 0
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+@output_option("table", "json", "yaml")
+def status(name: str, kubeconfig: str | None, context: str | None, namespace: str | None, output: str) -> None:
+    """Show a job's phase, replicas, pods (node, restarts, last termination) and recent warnings.
+
+    The phase is the most significant condition that is True: Failed > Succeeded > Suspended >
+    Restarting > Running > Created, and Pending before the operator has seen the job.
+
+    \b
+    Example:
+      orch status digits-ddp
+      orch status digits-ddp -n research -o json | jq .phase
+    """
+    from orchestrator import cluster
+    from orchestrator import status as job_state
+
+    state = cluster.job_status(_connect(kubeconfig, context, namespace), name)
+    if output == "table":
+        click.echo(job_state.format_status(state))
+    elif output == "json":
+        click.echo(json.dumps(state.to_dict(), indent=2))
+    else:
+        import yaml
+
+        click.echo(yaml.safe_dump(state.to_dict(), sort_keys=False), nl=False)
+
+
+@click.command("list")
+@cluster_options
+@click.option("-A", "--all-namespaces", is_flag=True, help="Jobs of every namespace.")
+@output_option("table", "wide", "json")
+def list_jobs(
+    kubeconfig: str | None, context: str | None, namespace: str | None, all_namespaces: bool, output: str
+) -> None:
+    """List the jobs orch submitted (label app.kubernetes.io/managed-by=orch): phase, age, nodes x GPUs.
+
+    \b
+    Example:
+      orch list
+      orch list -A -o wide
+      orch list -o json | jq -r '.[] | select(.phase == "Failed") | .name'
+    """
+    import datetime
+
+    from orchestrator import cluster
+    from orchestrator import status as job_state
+
+    jobs = cluster.list_jobs(_connect(kubeconfig, context, namespace), all_namespaces=all_namespaces)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    rows = [job_state.list_row(job, now) for job in jobs]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        _note("No orch jobs found." + ("" if all_namespaces else " (-A lists every namespace)"))
+    else:
+        click.echo(job_state.format_list(rows, wide=output == "wide", all_namespaces=all_namespaces))
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too).")
+@click.option("--rank", type=click.IntRange(min=0), help="Only the pod of this node rank (0 = master-0).")
+@click.option("--pod", help="Only this pod.")
+@click.option("--tail", type=click.IntRange(min=0), help="Lines to show from the end of each log.")
+@click.option("--since", type=DURATION, help="Only lines newer than this, e.g. 10m or 2h.")
+def logs(
+    name: str,
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    follow: bool,
+    rank: int | None,
+    pod: str | None,
+    tail: int | None,
+    since: int | None,
+) -> None:
+    """Print the `pytorch` container log of every pod, each line prefixed with [master-0]/[worker-N].
+
+    With -f, lines of all pods are merged as they arrive, pods still pending are waited for, restarted
+    containers are picked up, and the command returns when the job has finished.
+
+    \b
+    Example:
+      orch logs digits-ddp -f
+      orch logs digits-ddp --rank 0 --tail 100
+      orch logs digits-ddp --since 10m | grep loss
+    """
+    from orchestrator import cluster
+
+    if rank is not None and pod is not None:
+        raise UsageError("--rank and --pod select the same thing; use one of them")
+    cluster.stream_logs(
+        _connect(kubeconfig, context, namespace),
+        name,
+        emit=_print_line,
+        notice=_note,
+        follow=follow,
+        rank=rank,
+        pod=pod,
+        tail=tail,
+        since_seconds=since,
+    )
+
+
+def _print_line(label: str, line: str) -> None:
+    click.echo(f"[{label}] {line}")
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+@click.option("--timeout", type=DURATION, help="Give up after this long (exit 124), e.g. 2h. Default: never.")
+def wait(name: str, kubeconfig: str | None, context: str | None, namespace: str | None, timeout: int | None) -> int:
+    """Wait for a job to end: exit 0 if it Succeeded, 1 if it Failed (with the reason), 124 on timeout.
+
+    \b
+    Example:
+      orch wait digits-ddp --timeout 2h && echo trained
+    """
+    return _wait(_connect(kubeconfig, context, namespace), name, timeout=timeout)
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+@click.option("--wait", "wait_", is_flag=True, help="Return only once the job and its pods are gone.")
+@click.option("--timeout", type=DURATION, default=600, show_default=True, help="How long --wait waits.")
+def delete(
+    name: str, kubeconfig: str | None, context: str | None, namespace: str | None, wait_: bool, timeout: int
+) -> None:
+    """Delete a job; its pods, ConfigMap and PodMonitor are deleted with it.
+
+    \b
+    Example:
+      orch delete digits-ddp --wait
+    """
+    from orchestrator import cluster
+
+    cluster.delete_job(_connect(kubeconfig, context, namespace), name, wait=wait_, timeout=timeout)
+    click.echo(f"pytorchjob.kubeflow.org/{name} deleted")
+
+
+# --- shared by submit/wait ---------------------------------------------------------------------------------
+
+
+def _wait(target: Cluster, name: str, *, timeout: int | None) -> int:
+    from orchestrator import cluster
+    from orchestrator import status as job_state
+
+    job = cluster.wait_for(target, name, timeout=timeout, on_phase=lambda phase: _note(f"{name}: {phase}"))
+    if job is None:
+        _note(f"timed out after {timeout}s waiting for job {name}")
+        return EXIT_TIMEOUT
+    return _outcome(name, job_state.phase(job), job_state.phase_condition(job))
+
+
+def _follow_to_end(target: Cluster, name: str) -> int:
+    from orchestrator import cluster
+    from orchestrator import status as job_state
+
+    job = cluster.stream_logs(target, name, emit=_print_line, notice=_note, follow=True)
+    if job is None:
+        return 1
+    return _outcome(name, job_state.phase(job), job_state.phase_condition(job))
+
+
+def _outcome(name: str, phase: str, condition: dict[str, Any]) -> int:
+    if phase == "Succeeded":
+        _note(f"job {name} succeeded")
+        return 0
+    reason = ": ".join(p for p in (condition.get("reason"), condition.get("message")) if p)
+    _note(f"job {name} {phase.lower()}" + (f": {reason}" if reason else ""))
+    return 1
