@@ -15,6 +15,7 @@ The exporter must never take training down: a port in use or any exporter error 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -221,10 +222,11 @@ class PrometheusMetrics(NullMetrics):
         gpu_reader=None,
         gpu_devices=None,
         sample_gpus: bool,
+        gpu_uuid: str | None = None,
     ) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self._device = device
+        self._device, self._directory = device, directory
         self._cuda = device.startswith("cuda")
         self._peak_flops = peak_flops
         self._memory_every = gpu_sample_seconds
@@ -270,7 +272,6 @@ class PrometheusMetrics(NullMetrics):
         self._restarts = gauge("orch_train_elastic_restarts", "Elastic restarts of the worker group so far")
         if peak_flops:
             gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(peak_flops)
-        gpu_uuid = ""
         if self._cuda:
             self._mem_allocated = gauge(
                 "orch_torch_cuda_memory_allocated_bytes", "Tensor memory allocated by torch"
@@ -285,14 +286,14 @@ class PrometheusMetrics(NullMetrics):
                 "orch_torch_cuda_alloc_retries", "cudaMalloc retries after flushing the cache"
             )
             self._ooms = counter("orch_torch_cuda_ooms", "Out-of-memory errors torch's allocator raised")
-            gpu_uuid = _device_uuid(device)
+            gpu_uuid = _device_uuid(device) if gpu_uuid is None else gpu_uuid
         Gauge(
             "orch_rank_info",
             "Where a rank runs (value 1)",
             [*names, "hostname", "device", "gpu_uuid"],
             registry=None,
             multiprocess_mode="livemostrecent",
-        ).labels(**labels, hostname=hostname, device=device, gpu_uuid=gpu_uuid).set(1)
+        ).labels(**labels, hostname=hostname, device=device, gpu_uuid=gpu_uuid or "").set(1)
         self.set_restart_count(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
 
         if serve:
@@ -426,6 +427,14 @@ class PrometheusMetrics(NullMetrics):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        # This process is done: its files go (counters included), the directory when it is the last one out.
+        from prometheus_client import values
+
+        if getattr(values.ValueClass, "_multiprocess", False):
+            values.ValueClass.close_all_files()
+        prune_dead_files(self._directory, also_pid=os.getpid())
+        with contextlib.suppress(OSError):
+            self._directory.rmdir()
 
 
 def _device_uuid(device: str) -> str:
@@ -455,6 +464,7 @@ def build_metrics(
     gpu_reader=None,
     gpu_devices=None,
     sample_gpus: bool | None = None,
+    gpu_uuid: str | None = None,
     multiproc_dir: str | os.PathLike | None = None,
 ) -> NullMetrics:
     """The trainer's metrics: a PrometheusMetrics when enabled and the port is set, else a NullMetrics.
@@ -462,7 +472,8 @@ def build_metrics(
     `gpu_sample_seconds` defaults to ORCH_GPU_SAMPLE_SECONDS or 5; `peak_tflops` is job.yaml's metrics.peak_tflops
     (ORCH_PEAK_TFLOPS wins); `addr` defaults to ORCH_METRICS_ADDR or 0.0.0.0 (pods are scraped on their IP).
     `gpu_reader` (a gpu.GpuReader) and `gpu_devices` (gpu.GpuDevice list) replace NVML and CUDA in tests;
-    `sample_gpus` forces the GPU sampler on or off (default: on when `device` is CUDA).
+    `sample_gpus` forces the GPU sampler on or off (default: on when `device` is CUDA); `gpu_uuid` overrides the
+    UUID of this rank's GPU in `orch_rank_info` (default: read from torch for a CUDA device).
     """
     if not enabled or not port:
         return NullMetrics()
@@ -497,6 +508,7 @@ def build_metrics(
             gpu_reader=gpu_reader,
             gpu_devices=gpu_devices,
             sample_gpus=device.startswith("cuda") if sample_gpus is None else sample_gpus,
+            gpu_uuid=gpu_uuid,
         )
     except Exception as error:  # metrics are optional: train without them rather than not at all
         log.warning("metrics off: %s", error)

@@ -1,0 +1,107 @@
+"""`orch top NAME`: a live per-rank / per-GPU table from Prometheus or from a local run's exporter."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.commands.common import output_option
+
+
+@click.command()
+@click.argument("name")
+@click.option(
+    "--prometheus",
+    "prometheus",
+    metavar="URL",
+    help="Prometheus base URL. Default: $ORCH_PROMETHEUS_URL, else prometheus_url in ~/.config/orch/config.yaml.",
+)
+@click.option("-n", "--namespace", default=None, help="Only series with this namespace label.")
+@click.option(
+    "--local", "local", is_flag=True, help="Read a run on this machine from its exporter (127.0.0.1)."
+)
+@click.option(
+    "--port", type=int, default=None, help="Exporter port for --local. Default: $ORCH_METRICS_PORT or 9400."
+)
+@click.option(
+    "--exporter",
+    "exporters",
+    multiple=True,
+    metavar="URL",
+    help="Read these exporter /metrics URLs directly (one per node). Repeatable.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
+@click.option("--once", is_flag=True, help="Print one table and exit (for scripts).")
+@output_option("table", "json")
+def top(
+    name: str,
+    prometheus: str | None,
+    namespace: str | None,
+    local: bool,
+    port: int | None,
+    exporters: tuple[str, ...],
+    interval: float,
+    once: bool,
+    output: str,
+) -> None:
+    """Show utilisation, memory, power, samples/s and loss of job NAME, per rank and GPU.
+
+    Reads Prometheus' HTTP API (for a job on the cluster; port-forward Prometheus first), or with --local /
+    --exporter the /metrics endpoint of a run on this machine. `-o json` prints one snapshot and exits.
+
+    \b
+    Example:
+      kubectl -n monitoring port-forward svc/kube-prometheus-stack-prometheus 9090 &
+      orch top digits-ddp --prometheus http://127.0.0.1:9090
+      orch top digits-ddp --local --once
+      orch top digits-ddp --exporter http://10.0.0.5:9400/metrics -o json
+    """
+    import json
+    import time
+
+    from orchestrator import top as top_lib
+    from orchestrator.errors import UsageError
+
+    urls = list(exporters) + ([top_lib.local_exporter_url(port)] if local else [])
+    base = None
+    if urls:
+        if prometheus:
+            raise UsageError("use either --prometheus or --local/--exporter, not both")
+    else:
+        base = top_lib.prometheus_url(prometheus)
+        if base is None:
+            raise UsageError(
+                "no Prometheus URL: pass --prometheus URL, set ORCH_PROMETHEUS_URL or prometheus_url in "
+                f"{top_lib.config_path()}; or --local for a run on this machine"
+            )
+
+    previous = None
+
+    def snapshot() -> list:
+        nonlocal previous
+        if base is not None:
+            return top_lib.from_prometheus(base, name, namespace=namespace)
+        rows, previous = top_lib.from_exporters(urls, name, previous=previous, interval=min(interval, 1.0))
+        return rows
+
+    if output == "json":
+        click.echo(json.dumps({"job": name, "rows": top_lib.rows_json(snapshot())}, indent=2))
+        return
+    try:
+        while True:
+            rows = snapshot()
+            table = top_lib.format_table(rows) if rows else f"no metrics for job {name!r} yet"
+            if once:
+                click.echo(table)
+                return
+            click.clear()
+            click.echo(f"orch top {name}  ({base or ', '.join(urls)}, every {interval:g}s, Ctrl-C to quit)\n")
+            click.echo(table)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,294 @@
+"""`orch top`: one row per rank (and per GPU no rank claims) with utilisation, memory, power, samples/s and loss.
+
+Two sources, one table:
+- Prometheus' HTTP API (a cluster job, or anything Prometheus scrapes): instant queries over the series the
+  trainer exports (docs/metrics.md); samples/s is `rate(...[1m])`.
+- A run's exporters directly (`orch run` on this machine): the `/metrics` text of each node, scraped twice
+  `interval` seconds apart for samples/s.
+Ranks are joined to their GPU through `orch_rank_info{gpu_uuid}`. Stdlib only (urllib), plus prometheus-client's
+text parser for exporters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import OrchError, UsageError
+
+DEFAULT_METRICS_PORT = 9400
+
+
+class TopError(OrchError):
+    """Prometheus or an exporter could not be read."""
+
+
+@dataclass
+class Row:
+    rank: int | None = None  # None: a GPU that no rank reports using
+    node_rank: str = ""
+    local_rank: str = ""
+    hostname: str = ""
+    gpu: str = ""
+    gpu_uuid: str = ""
+    step: float | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    gpu_utilization: float | None = None  # 0-1
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+
+
+@dataclass
+class _Series:
+    """name -> list of (labels, value) from one source."""
+
+    values: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        self.values.setdefault(name, []).append((labels, value))
+
+    def by(self, name: str, key: str) -> dict[str, float]:
+        return {labels.get(key, ""): value for labels, value in self.values.get(name, [])}
+
+
+# --- where to read from ---------------------------------------------------------------------------------------
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(os.environ.get("ORCH_CONFIG") or os.path.join(base, "orch", "config.yaml"))
+
+
+def prometheus_url(flag: str | None) -> str | None:
+    """--prometheus, else ORCH_PROMETHEUS_URL, else `prometheus_url:` in orch's config file, else None."""
+    if flag:
+        return flag.rstrip("/")
+    if os.environ.get("ORCH_PROMETHEUS_URL"):
+        return os.environ["ORCH_PROMETHEUS_URL"].rstrip("/")
+    path = config_path()
+    if path.is_file():
+        import yaml
+
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise UsageError(f"{path}: not valid YAML ({error.__class__.__name__})") from error
+        url = config.get("prometheus_url") if isinstance(config, dict) else None
+        if url:
+            return str(url).rstrip("/")
+    return None
+
+
+def local_exporter_url(port: int | None) -> str:
+    port = port or int(os.environ.get("ORCH_METRICS_PORT") or 0) or DEFAULT_METRICS_PORT
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+# --- Prometheus ------------------------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")[:200].replace("\n", " ")
+        raise TopError(f"{url.split('?')[0]}: HTTP {error.code} {detail}") from error
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise TopError(f"cannot reach {url.split('?')[0]}: {reason}") from error
+
+
+def _prometheus_query(base: str, expr: str, timeout: float) -> list[tuple[dict[str, str], float]]:
+    body = json.loads(_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout))
+    if body.get("status") != "success":
+        raise TopError(f"{base}: query failed: {body.get('error', body)}")
+    return [(item["metric"], float(item["value"][1])) for item in body["data"]["result"]]
+
+
+def from_prometheus(
+    base: str, job: str, *, namespace: str | None = None, window: str = "1m", timeout: float = 10.0
+) -> list[Row]:
+    matchers = [f'job="{job}"'] + ([f'namespace="{namespace}"'] if namespace else [])
+    sel = "{" + ", ".join(matchers) + "}"
+    series = _Series()
+    queries = {
+        "orch_rank_info": f"orch_rank_info{sel}",
+        "orch_train_step": f"orch_train_step{sel}",
+        "orch_train_loss": f"orch_train_loss{sel}",
+        "samples_per_second": f"sum by (rank) (rate(orch_train_samples_total{sel}[{window}]))",
+        "orch_gpu_info": f"orch_gpu_info{sel}",
+        "orch_gpu_utilization_ratio": f"orch_gpu_utilization_ratio{sel}",
+        "orch_gpu_memory_used_bytes": f"orch_gpu_memory_used_bytes{sel}",
+        "orch_gpu_memory_total_bytes": f"orch_gpu_memory_total_bytes{sel}",
+        "orch_gpu_power_watts": f"orch_gpu_power_watts{sel}",
+    }
+    for name, expr in queries.items():
+        for labels, value in _prometheus_query(base, expr, timeout):
+            series.add(name, labels, value)
+    return _rows(series)
+
+
+# --- exporters -------------------------------------------------------------------------------------------------
+
+
+def _scrape(url: str, job: str, timeout: float) -> _Series:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = _get(url, timeout).decode()
+    series = _Series()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("job") == job:
+                series.add(sample.name, dict(sample.labels), sample.value)
+    return series
+
+
+def from_exporters(
+    urls: list[str],
+    job: str,
+    *,
+    previous: tuple[float, _Series] | None = None,
+    interval: float = 1.0,
+    timeout: float = 10.0,
+) -> tuple[list[Row], tuple[float, _Series]]:
+    """Rows from the exporters; samples/s from `previous` (the last call's second return value) or a second
+    scrape `interval` seconds later."""
+
+    def scrape_all() -> tuple[float, _Series]:
+        merged = _Series()
+        for url in urls:
+            for name, items in _scrape(url, job, timeout).values.items():
+                for labels, value in items:
+                    merged.add(name, labels, value)
+        return time.monotonic(), merged
+
+    if previous is None:
+        previous = scrape_all()
+        time.sleep(interval)
+    now, current = scrape_all()
+    before, after = (
+        previous[1].by("orch_train_samples_total", "rank"),
+        current.by("orch_train_samples_total", "rank"),
+    )
+    elapsed = now - previous[0]
+    for rank, total in after.items():
+        if rank in before and elapsed > 0 and total >= before[rank]:
+            current.add("samples_per_second", {"rank": rank}, (total - before[rank]) / elapsed)
+    return _rows(current), (now, current)
+
+
+# --- the table -------------------------------------------------------------------------------------------------
+
+
+def _rows(series: _Series) -> list[Row]:
+    gpu_values = {
+        name: series.by(name, "gpu_uuid")
+        for name in (
+            "orch_gpu_utilization_ratio",
+            "orch_gpu_memory_used_bytes",
+            "orch_gpu_memory_total_bytes",
+            "orch_gpu_power_watts",
+        )
+    }
+    gpus = {
+        labels.get("gpu_uuid", ""): labels
+        for name in ("orch_gpu_info", *gpu_values)
+        for labels, _ in series.values.get(name, [])
+    }
+    step, loss = series.by("orch_train_step", "rank"), series.by("orch_train_loss", "rank")
+    rate = series.by("samples_per_second", "rank")
+    ranks = {
+        labels["rank"]: labels for labels, _ in series.values.get("orch_rank_info", []) if "rank" in labels
+    }
+    for rank in step:  # a rank without an info series still gets a row
+        ranks.setdefault(rank, {"rank": rank})
+
+    def with_gpu(row: Row, uuid: str) -> Row:
+        labels = gpus.get(uuid, {})
+        row.gpu, row.gpu_uuid = labels.get("gpu", ""), uuid
+        row.hostname = row.hostname or labels.get("hostname", "")
+        row.gpu_utilization = gpu_values["orch_gpu_utilization_ratio"].get(uuid)
+        row.memory_used_bytes = gpu_values["orch_gpu_memory_used_bytes"].get(uuid)
+        row.memory_total_bytes = gpu_values["orch_gpu_memory_total_bytes"].get(uuid)
+        row.power_watts = gpu_values["orch_gpu_power_watts"].get(uuid)
+        return row
+
+    rows, claimed = [], set()
+    for rank, labels in sorted(
+        ranks.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 1 << 30
+    ):
+        row = Row(
+            rank=int(rank) if rank.isdigit() else None,
+            node_rank=labels.get("node_rank", ""),
+            local_rank=labels.get("local_rank", ""),
+            hostname=labels.get("hostname", ""),
+            step=step.get(rank),
+            loss=loss.get(rank),
+            samples_per_second=rate.get(rank),
+        )
+        uuid = labels.get("gpu_uuid", "")
+        if uuid:
+            claimed.add(uuid)
+            with_gpu(row, uuid)
+        rows.append(row)
+    for uuid in sorted(
+        set(gpus) - claimed - {""}, key=lambda u: (gpus[u].get("hostname", ""), gpus[u].get("gpu", ""))
+    ):
+        rows.append(with_gpu(Row(node_rank=gpus[uuid].get("node_rank", "")), uuid))
+    return rows
+
+
+def _number(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return format(value, fmt)
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("RANK", "NODE", "HOST", "GPU", "UTIL", "MEM GiB", "POWER W", "STEP", "SAMPLES/S", "LOSS")
+    lines = [header]
+    for row in rows:
+        memory = "-"
+        if row.memory_used_bytes is not None:
+            memory = _gib(row.memory_used_bytes) + (
+                "/" + _gib(row.memory_total_bytes) if row.memory_total_bytes else ""
+            )
+        lines.append(
+            (
+                "-" if row.rank is None else str(row.rank),
+                row.node_rank or "-",
+                row.hostname or "-",
+                row.gpu or "-",
+                "-" if row.gpu_utilization is None else f"{row.gpu_utilization:.0%}",
+                memory,
+                _number(row.power_watts, ".0f"),
+                _number(row.step, ".0f"),
+                _number(row.samples_per_second, ".1f"),
+                _number(row.loss, ".4g"),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def rows_json(rows: list[Row]) -> list[dict]:
+    return [asdict(row) for row in rows]
