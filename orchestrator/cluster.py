@@ -265,12 +265,9 @@ class Cluster:
         return _json(raw)
 
     def get(self, resource: Resource, name: str) -> dict[str, Any]:
-        if resource is POD:
-            raw = self._call("get", resource, name, self.core.read_namespaced_pod, name, self.namespace)
-        else:
-            args = (resource.group, resource.version, self.namespace, resource.plural, name)
-            raw = self._call("get", resource, name, self.custom.get_namespaced_custom_object, *args)
-        return _json(raw)
+        """One custom object (orch reads single objects of its CRDs only; pods come from `list`)."""
+        args = (resource.group, resource.version, self.namespace, resource.plural, name)
+        return _json(self._call("get", resource, name, self.custom.get_namespaced_custom_object, *args))
 
     def find(self, resource: Resource, name: str) -> dict[str, Any] | None:
         try:

@@ -60,8 +60,9 @@ def cluster_options(fn: F) -> F:
     )(fn)
 
 
-def _connect(kubeconfig: str | None, context: str | None, namespace: str | None, job_namespace: str | None = None
-             ) -> Cluster:
+def _connect(
+    kubeconfig: str | None, context: str | None, namespace: str | None, job_namespace: str | None = None
+) -> Cluster:
     from orchestrator import cluster
 
     return cluster.connect(cluster.Target(kubeconfig, context, namespace), job_namespace=job_namespace)
@@ -90,8 +91,12 @@ def _ref(obj: dict[str, Any]) -> str:
     help="client: print what would be sent, contact nothing. server: the API server validates, stores nothing.",
 )
 @click.option("--replace", is_flag=True, help="If a job of this name exists, delete it (and wait) first.")
-@click.option("--wait", "wait_", is_flag=True, help="Block until the job ends; exit 0 if it succeeded, 1 if not.")
-@click.option("-f", "--follow", is_flag=True, help="Stream every pod's logs until the job ends (implies --wait).")
+@click.option(
+    "--wait", "wait_", is_flag=True, help="Block until the job ends; exit 0 if it succeeded, 1 if not."
+)
+@click.option(
+    "-f", "--follow", is_flag=True, help="Stream every pod's logs until the job ends (implies --wait)."
+)
 @output_option("yaml", "json")
 def submit(
     job_file: str,
@@ -148,7 +153,9 @@ def submit(
 @click.argument("name")
 @cluster_options
 @output_option("table", "json", "yaml")
-def status(name: str, kubeconfig: str | None, context: str | None, namespace: str | None, output: str) -> None:
+def status(
+    name: str, kubeconfig: str | None, context: str | None, namespace: str | None, output: str
+) -> None:
     """Show a job's phase, replicas, pods (node, restarts, last termination) and recent warnings.
 
     The phase is the most significant condition that is True: Failed > Succeeded > Suspended >
@@ -207,7 +214,9 @@ def list_jobs(
 @click.command()
 @click.argument("name")
 @cluster_options
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too).")
+@click.option(
+    "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too)."
+)
 @click.option("--rank", type=click.IntRange(min=0), help="Only the pod of this node rank (0 = master-0).")
 @click.option("--pod", help="Only this pod.")
 @click.option("--tail", type=click.IntRange(min=0), help="Lines to show from the end of each log.")
@@ -259,7 +268,9 @@ def _print_line(label: str, line: str) -> None:
 @click.argument("name")
 @cluster_options
 @click.option("--timeout", type=DURATION, help="Give up after this long (exit 124), e.g. 2h. Default: never.")
-def wait(name: str, kubeconfig: str | None, context: str | None, namespace: str | None, timeout: int | None) -> int:
+def wait(
+    name: str, kubeconfig: str | None, context: str | None, namespace: str | None, timeout: int | None
+) -> int:
     """Wait for a job to end: exit 0 if it Succeeded, 1 if it Failed (with the reason), 124 on timeout.
 
     \b

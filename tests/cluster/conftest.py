@@ -100,7 +100,9 @@ class RealisticK8s(kmock.KubernetesEmulator):
                 fault.times -= 1
                 fault.hits += 1
                 response = await self._render_error(
-                    k8s.KubernetesError(status=fault.status, reason=_reason(fault.status), message=fault.message)
+                    k8s.KubernetesError(
+                        status=fault.status, reason=_reason(fault.status), message=fault.message
+                    )
                 )
                 response.headers.update(fault.headers)
                 return response
@@ -140,7 +142,10 @@ class RealisticK8s(kmock.KubernetesEmulator):
                 (resource, obj)
                 for (resource, _, _), obj in self.objects.items()
                 if not obj.deleted
-                and any(ref.get("uid") == owner_uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+                and any(
+                    ref.get("uid") == owner_uid
+                    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                )
             ]
             uids = []
             for resource, obj in doomed:
@@ -172,7 +177,12 @@ class RealisticK8s(kmock.KubernetesEmulator):
             resources.append(entry)
             resources += [dict(entry, name=f"{resource.plural}/{sub}") for sub in sorted(info.subresources)]
         group_version = f"{group}/{version}" if group else version
-        return {"apiVersion": "v1", "kind": "APIResourceList", "groupVersion": group_version, "resources": resources}
+        return {
+            "apiVersion": "v1",
+            "kind": "APIResourceList",
+            "groupVersion": group_version,
+            "resources": resources,
+        }
 
     async def _render_error(self, exc):  # type: ignore[no-untyped-def]
         response = await super()._render_error(exc)
@@ -216,7 +226,9 @@ class RealisticK8s(kmock.KubernetesEmulator):
             containers = containers[:-1]
         if not containers:
             message = f'container "pytorch" in pod "{request.name}" is waiting to start: ContainerCreating'
-            return await self._render_error(k8s.KubernetesError(status=400, reason="BadRequest", message=message))
+            return await self._render_error(
+                k8s.KubernetesError(status=400, reason="BadRequest", message=message)
+            )
         log = containers[-1]
         follow, stamps = params.get("follow") == "true", params.get("timestamps") == "true"
         start = 0
@@ -241,9 +253,13 @@ class RealisticK8s(kmock.KubernetesEmulator):
 
 
 def _reason(status: int) -> str:
-    return {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists", 429: "TooManyRequests"}.get(
-        status, "InternalError"
-    )
+    return {
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "NotFound",
+        409: "AlreadyExists",
+        429: "TooManyRequests",
+    }.get(status, "InternalError")
 
 
 def kmock_json(data: Any, status: int):  # type: ignore[no-untyped-def]
@@ -314,7 +330,9 @@ class Kube:
     def fail(
         self, method: str, path: str, status: int, *, times: int = 1, message: str = "", headers=None
     ) -> Fault:  # type: ignore[no-untyped-def]
-        fault = Fault(method, re.compile(path), status, times, message or _reason(status), dict(headers or {}))
+        fault = Fault(
+            method, re.compile(path), status, times, message or _reason(status), dict(headers or {})
+        )
         self._on_loop(self.emulator.faults.append, fault)
         return fault
 
@@ -349,12 +367,16 @@ class Kube:
         node: str = "gpu-node-1",
     ) -> str:
         name = f"{job}-{role}-{index}"
-        self.put(PODS, namespace, pod_object(name, job, role, index, state=state, restarts=restarts, node=node))
+        self.put(
+            PODS, namespace, pod_object(name, job, role, index, state=state, restarts=restarts, node=node)
+        )
         if state != "waiting":
             self._on_loop(lambda: self.emulator.logs.setdefault((namespace, name), [ContainerLog()]))
         return name
 
-    def set_pod_state(self, namespace: str, name: str, state: str, *, restarts: int = 0, last: str = "") -> None:
+    def set_pod_state(
+        self, namespace: str, name: str, state: str, *, restarts: int = 0, last: str = ""
+    ) -> None:
         pod = self.get(PODS, namespace, name)
         assert pod is not None
         job = pod["metadata"]["labels"]["training.kubeflow.org/job-name"]
@@ -376,7 +398,9 @@ class Kube:
         """The container exited: followed streams of it end."""
         self._on_loop(lambda: setattr(self.emulator.logs[(namespace, pod)][-1], "ended", True))
 
-    def restart_container(self, namespace: str, pod: str, *, reason: str = "Error", exit_code: int = 1) -> None:
+    def restart_container(
+        self, namespace: str, pod: str, *, reason: str = "Error", exit_code: int = 1
+    ) -> None:
         """The kubelet restarts the `pytorch` container: the old log ends, a new one begins."""
         restarts = len(self.emulator.logs.get((namespace, pod), []))
 
@@ -390,7 +414,15 @@ class Kube:
 
 
 def pod_object(
-    name: str, job: str, role: str, index: int, *, state: str, restarts: int = 0, last: str = "", node: str = "gpu-node-1"
+    name: str,
+    job: str,
+    role: str,
+    index: int,
+    *,
+    state: str,
+    restarts: int = 0,
+    last: str = "",
+    node: str = "gpu-node-1",
 ) -> dict[str, Any]:
     """A pod as the training operator creates it and the kubelet reports it."""
     container_state = {
@@ -417,11 +449,19 @@ def pod_object(
                 "orch.dev/job": job,
             },
         },
-        "spec": {"nodeName": "" if state == "waiting" else node, "containers": [{"name": "pytorch", "image": "x"}]},
+        "spec": {
+            "nodeName": "" if state == "waiting" else node,
+            "containers": [{"name": "pytorch", "image": "x"}],
+        },
         "status": {
             "phase": phase,
             "containerStatuses": [
-                {"name": "pytorch", "restartCount": restarts, "state": container_state, "lastState": last_state}
+                {
+                    "name": "pytorch",
+                    "restartCount": restarts,
+                    "state": container_state,
+                    "lastState": last_state,
+                }
             ],
         },
     }
@@ -434,15 +474,24 @@ def serve(*, operator: bool = True, prometheus_operator: bool = True):  # type: 
 
     def declare(k: RealisticK8s) -> None:
         info = kmock.ResourceInfo
-        k.resources[CONFIGMAPS] = info(kind="ConfigMap", namespaced=True, verbs={"create", "get", "list", "delete"})
-        k.resources[PODS] = info(kind="Pod", namespaced=True, verbs={"get", "list"}, subresources={"log", "status"})
+        k.resources[CONFIGMAPS] = info(
+            kind="ConfigMap", namespaced=True, verbs={"create", "get", "list", "delete"}
+        )
+        k.resources[PODS] = info(
+            kind="Pod", namespaced=True, verbs={"get", "list"}, subresources={"log", "status"}
+        )
         k.resources[EVENTS] = info(kind="Event", namespaced=True, verbs={"list"})
         if operator:
             k.resources[JOBS] = info(
-                kind="PyTorchJob", namespaced=True, verbs={"create", "get", "list", "delete"}, subresources={"status"}
+                kind="PyTorchJob",
+                namespaced=True,
+                verbs={"create", "get", "list", "delete"},
+                subresources={"status"},
             )
         if prometheus_operator:
-            k.resources[PODMONITORS] = info(kind="PodMonitor", namespaced=True, verbs={"create", "get", "delete"})
+            k.resources[PODMONITORS] = info(
+                kind="PodMonitor", namespaced=True, verbs={"create", "get", "delete"}
+            )
 
     async def main() -> None:
         async with RealisticK8s() as k, kmock.Server(k) as server:
@@ -470,7 +519,10 @@ def write_kubeconfig(path: Path, url: str, *, contexts: dict[str, str | None], c
         "clusters": [{"name": "emulator", "cluster": {"server": url}}],
         "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
         "contexts": [
-            {"name": name, "context": {"cluster": "emulator", "user": "tester", **({"namespace": ns} if ns else {})}}
+            {
+                "name": name,
+                "context": {"cluster": "emulator", "user": "tester", **({"namespace": ns} if ns else {})},
+            }
             for name, ns in contexts.items()
         ],
         "current-context": current,
@@ -522,7 +574,10 @@ def env(kube: Kube, tmp_path: Path) -> Env:
     home = tmp_path / "home"
     home.mkdir()
     kubeconfig = write_kubeconfig(
-        tmp_path / "kubeconfig", kube.url, contexts={"dev": "team-a", "prod": "team-b", "bare": None}, current="dev"
+        tmp_path / "kubeconfig",
+        kube.url,
+        contexts={"dev": "team-a", "prod": "team-b", "bare": None},
+        current="dev",
     )
     return Env(kube, kubeconfig, home, {"KUBECONFIG": str(kubeconfig), "HOME": str(home), **FAST})
 
@@ -531,6 +586,6 @@ def env(kube: Kube, tmp_path: Path) -> Env:
 def job_file(tmp_path: Path) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(
-        "name: demo\nimage: registry.example/trainer:1\nnodes: 3\ntrain:\n  task: digits\n  max_steps: 10\n"
+        "name: demo\nimage: registry.example/trainer:1\nnodes: 3\ntrain:\n  task: digits\n  batch_size: 96\n  max_steps: 10\n"
     )
     return path

@@ -1,0 +1,122 @@
+"""orchestrator.status: the phase and summaries derived from what the operator and kubelet report (pure)."""
+
+from __future__ import annotations
+
+import datetime
+
+import click
+import pytest
+
+from orchestrator import status
+from orchestrator.commands.cluster_cmds import DURATION
+from tests.cluster.conftest import pod_object
+
+
+def job(*conditions):
+    return {
+        "metadata": {"name": "j"},
+        "status": {
+            "conditions": [
+                {"type": t, "status": s, "reason": f"PyTorchJob{t}", "message": f"{t} {s}"}
+                for t, s in conditions
+            ]
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "phase"),
+    [
+        ((), "Pending"),
+        ((("Created", "True"),), "Created"),
+        ((("Created", "True"), ("Running", "True")), "Running"),
+        ((("Created", "True"), ("Running", "False"), ("Restarting", "True")), "Restarting"),
+        # kubectl shows the last condition's type; here that is a False "Suspended" after a resume
+        ((("Created", "True"), ("Running", "True"), ("Suspended", "False")), "Running"),
+        ((("Created", "True"), ("Suspended", "True")), "Suspended"),
+        ((("Created", "True"), ("Running", "False"), ("Succeeded", "True")), "Succeeded"),
+        ((("Succeeded", "True"), ("Failed", "True")), "Failed"),
+        ((("Created", "True"), ("Failed", "True"), ("Running", "True")), "Failed"),
+        ((("Created", "Unknown"),), "Pending"),
+    ],
+)
+def test_phase_precedence(conditions, phase):
+    assert status.phase(job(*conditions)) == phase
+
+
+def test_phase_condition_carries_reason_and_message():
+    j = job(("Created", "True"), ("Running", "False"), ("Failed", "True"))
+    assert status.phase_condition(j)["message"] == "Failed True"
+    assert status.phase_condition(job()) == {}
+
+
+def test_pod_summary_explains_the_pod():
+    crashing = pod_object("j-worker-2", "j", "worker", 2, state="running", restarts=3, last="OOMKilled:137")
+    crashing["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    assert status.pod_summary(crashing) == status.PodSummary(
+        name="j-worker-2",
+        role="worker",
+        index=2,
+        phase="CrashLoopBackOff",
+        node="gpu-node-1",
+        restarts=3,
+        last_termination="OOMKilled (exit 137)",
+    )
+    pending = pod_object("j-master-0", "j", "master", 0, state="waiting")
+    assert (status.pod_summary(pending).phase, status.pod_summary(pending).label) == ("Pending", "master-0")
+    assert not status.container_started(pending)
+    terminating = pod_object("j-master-0", "j", "master", 0, state="running")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert status.pod_summary(terminating).phase == "Terminating"
+
+
+def test_pods_in_rank_order():
+    pods = [
+        pod_object(f"j-{r}-{i}", "j", r, i, state="running")
+        for r, i in (("worker", 10), ("worker", 2), ("master", 0), ("worker", 0))
+    ]
+    names = [p.name for p in sorted(map(status.pod_summary, pods), key=status.pod_order)]
+    assert names == ["j-master-0", "j-worker-0", "j-worker-2", "j-worker-10"]
+
+
+def test_nodes_and_gpus_from_the_spec():
+    def replica(n, gpus):
+        return {
+            "replicas": n,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "sidecar"},
+                        {"name": "pytorch", "resources": {"limits": {"nvidia.com/gpu": gpus}}},
+                    ]
+                }
+            },
+        }
+
+    assert status.nodes_and_gpus(
+        {"spec": {"pytorchReplicaSpecs": {"Master": replica(1, 8), "Worker": replica(3, "8")}}}
+    ) == (4, 8)
+    assert status.nodes_and_gpus({}) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(5, "5s"), (59, "59s"), (60, "1m"), (7200, "2h"), (3 * 86400, "3d")]
+)
+def test_age(seconds, shown):
+    now = datetime.datetime(2026, 1, 10, tzinfo=datetime.timezone.utc)
+    created = (now - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert status.age(created, now) == shown
+    assert status.age("", now) == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("10m", 600), ("2h", 7200), ("1h30m", 5400), ("1d", 86400)]
+)
+def test_duration(text, seconds):
+    assert DURATION.convert(text, None, None) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2 hours", "1.5h", "-1m"])
+def test_bad_duration(text):
+    with pytest.raises(click.BadParameter):
+        DURATION.convert(text, None, None)
