@@ -1,0 +1,221 @@
+"""Trainer overhead, exporter overhead, gradient accumulation and `orch run` start-up, on CPU (2 processes).
+
+Every loop trains `benchmarks.workload:timed` (the same model, data, global batch, accumulation and
+precision) under the same launcher, and every loop is timed by the same clock (see workload.py). Runs
+alternate (round 1: bare, orch, ...; round 2: the same again) so that a busy minute on a shared machine
+hits every loop alike; each figure is the median over rounds of each run's median step time, and each
+ratio the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.harness import BenchError, ms, ratio, table
+
+WORLD = 2
+WARMUP_STEPS = 5
+
+
+def _write(config: dict[str, Any], directory: Path, name: str = "train.json") -> str:
+    path = directory / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def accelerate_installed() -> bool:
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def overhead(*, rounds: int, steps: int, accumulation: int = 1) -> dict[str, Any]:
+    """1. orch's trainer vs the bare DDP loop vs Accelerate; 2. orch with metrics on vs off."""
+    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-cfg-"))
+    config = _write(harness.train_config(world=WORLD, accumulation=accumulation, steps=steps), workdir)
+    port = harness.free_port()
+    variants: dict[str, tuple[list[str], dict[str, str], int | None]] = {
+        "bare DDP loop": (harness.torchrun(WORLD, "benchmarks.bare_ddp", "--config", config),
+                          harness.base_env(), None),
+        "orch, metrics on": (harness.torchrun(WORLD, "orchestrator.trainer", "--config", config),
+                             harness.base_env(ORCH_METRICS_PORT=str(port), ORCH_JOB_NAME="bench"), port),
+        "orch, metrics off": (harness.torchrun(WORLD, "orchestrator.trainer", "--config", config),
+                              harness.base_env(ORCH_METRICS_PORT=None, ORCH_JOB_NAME="bench"), None),
+    }  # fmt: skip
+    notes = []
+    if accelerate_installed():
+        variants["Accelerate"] = (
+            harness.torchrun(WORLD, "benchmarks.accelerate_loop", "--config", config),
+            harness.base_env(),
+            None,
+        )
+    else:
+        notes.append("Accelerate: not installed (pip install '.[bench]'); column skipped")
+
+    runs: dict[str, list[harness.Run]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_index in range(rounds):
+        # rotate the order each round, so no loop always runs first (or right after another one)
+        for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
+            cmd, env, scrape = variants[name]
+            runs[name].append(
+                harness.run_training(
+                    cmd, env, accumulation=accumulation, warmup=WARMUP_STEPS, scrape_port=scrape
+                )
+            )
+
+    def per_round_ratio(name: str, base: str) -> float:
+        return statistics.median(
+            a.median_step / b.median_step for a, b in zip(runs[name], runs[base], strict=True)
+        )
+
+    step = {name: statistics.median(r.median_step for r in rs) for name, rs in runs.items()}
+    bare = "bare DDP loop"
+    rows = []
+    for name in names:
+        spread = [r.median_step for r in runs[name]]
+        rows.append([name, ms(step[name]), f"{ms(min(spread))} .. {ms(max(spread))}",
+                     ratio(per_round_ratio(name, bare))])  # fmt: skip
+    scrapes = sum(r.scrapes for r in runs["orch, metrics on"])
+    exporter = per_round_ratio("orch, metrics on", "orch, metrics off")
+    result = {
+        "step_seconds": step,
+        "ratio_vs_bare": {name: per_round_ratio(name, bare) for name in names},
+        "exporter_ratio": exporter,
+        "scrapes": scrapes,
+        "rounds": rounds,
+        "steps": steps,
+        "accumulation": accumulation,
+        "notes": notes,
+    }
+    print(f"\n== 1. Trainer overhead: seconds per optimizer step ({WORLD} processes, CPU/gloo, fp32, "
+          f"micro-batch {harness.MICRO_BATCH}, accumulation {accumulation}, {steps} steps/run, "
+          f"median of {rounds} alternating rounds)")  # fmt: skip
+    print(table(["loop", "median step", "run medians", "vs bare"], rows))
+    print(
+        f"  target: orch (metrics on) <= 1.02x bare -> {ratio(result['ratio_vs_bare']['orch, metrics on'])}"
+    )
+    for note in notes:
+        print(f"  note: {note}")
+    print("\n== 2. Exporter overhead: orch metrics on / off (same runs as above)")
+    print(f"  ratio {ratio(exporter)} = {100 * (exporter - 1):+.2f}% (target < 1%); "
+          f"/metrics scraped every second during the 'on' runs: {scrapes} successful scrapes")  # fmt: skip
+    return result
+
+
+def accumulation(*, steps_by_accumulation: dict[int, int], rounds: int = 1) -> dict[str, Any]:
+    """3. All-reduces per optimizer step, counted by a DDP comm hook; orch vs a loop that syncs every micro-step."""
+    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-cfg-"))
+    env_count = {"ORCH_BENCH_COUNT_COMM": "1"}
+    rows, result = [], {}
+    for accum, steps in steps_by_accumulation.items():
+        config = _write(
+            harness.train_config(world=WORLD, accumulation=accum, steps=steps), workdir, f"a{accum}.json"
+        )
+        loops = {
+            "orch": (harness.torchrun(WORLD, "orchestrator.trainer", "--config", config),
+                     harness.base_env(**env_count)),
+            "naive (sync every micro-step)": (
+                harness.torchrun(WORLD, "benchmarks.bare_ddp", "--config", config, "--sync-every-micro-step"),
+                harness.base_env(**env_count)),
+        }  # fmt: skip
+        if accum == 1:
+            loops.pop("naive (sync every micro-step)")  # identical to orch's at accumulation 1
+        runs: dict[str, list[harness.Run]] = {name: [] for name in loops}
+        for _ in range(rounds):
+            for name, (cmd, env) in loops.items():
+                runs[name].append(harness.run_training(cmd, env, accumulation=accum, warmup=2))
+        entry = {}
+        for name, rs in runs.items():
+            report = rs[0].report
+            calls, size = report["grad_allreduce_calls"] / steps, report["grad_allreduce_bytes"] / steps
+            syncs = report["grad_syncs"] / steps
+            step = statistics.median(r.median_step for r in rs)
+            entry[name] = {"syncs_per_step": syncs, "allreduce_calls_per_step": calls, "bytes_per_step": size,
+                           "other_allreduces": report["other_allreduce_calls"], "step_seconds": step}  # fmt: skip
+            rows.append([accum, name, f"{syncs:g}", f"{calls:g}", f"{size / 1e6:.2f} MB", ms(step)])
+        if "naive (sync every micro-step)" in entry:
+            entry["naive_over_orch"] = (
+                entry["naive (sync every micro-step)"]["step_seconds"] / entry["orch"]["step_seconds"]
+            )
+        result[accum] = entry
+    print(f"\n== 3. Gradient accumulation: gradient all-reduces per optimizer step ({WORLD} processes; "
+          "counted by a DDP comm hook on every bucket, not timed)")  # fmt: skip
+    print(
+        table(["accum", "loop", "syncs/step", "bucket all-reduces/step", "bytes/step", "median step"], rows)
+    )
+    for accum, entry in result.items():
+        if "naive_over_orch" in entry:
+            print(
+                f"  accumulation {accum}: naive / orch wall time per optimizer step = {ratio(entry['naive_over_orch'])}"
+            )
+    print("  target: exactly 1 gradient sync per optimizer step (a sync = one backward that all-reduces; DDP "
+          "splits it into buckets, the first one small)")  # fmt: skip
+    print(
+        "  orch's other all-reduces: one per log line (the loss averaged over ranks): "
+        + ", ".join(f"accum {a}: {e['orch']['other_allreduces']}" for a, e in result.items())
+    )
+    return result
+
+
+def startup(*, rounds: int) -> dict[str, Any]:
+    """5. Seconds from launching `orch run job.yaml` to the end of the first optimizer step, 2 processes.
+
+    Next to it: the bare loop launched by torchrun directly, to the same point, and a plain
+    `python -c "import torch"` (the floor every process pays).
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-run-"))
+    steps = 3
+    config = harness.train_config(world=WORLD, accumulation=1, steps=steps)
+    job = workdir / "job.yaml"
+    job.write_text(json.dumps({"name": "bench-startup", "nodes": 1, "procs_per_node": WORLD, "train": config,
+                               "metrics": {"enabled": True, "port": harness.free_port()}}))  # fmt: skip
+    bare_config = _write(config, workdir)
+    orch = harness.REPO / ".venv" / "bin" / "orch"
+    orch_cmd = [str(orch) if orch.exists() else "orch", "run", str(job), "--out", str(workdir / "out")]
+    measured: dict[str, list[float]] = {
+        "orch run": [],
+        "torchrun + bare loop": [],
+        "python -c 'import torch'": [],
+    }
+    for _ in range(rounds):
+        measured["orch run"].append(_seconds_to_first_step(orch_cmd, workdir))
+        measured["torchrun + bare loop"].append(
+            _seconds_to_first_step(
+                harness.torchrun(WORLD, "benchmarks.bare_ddp", "--config", bare_config), workdir
+            )
+        )
+        measured["python -c 'import torch'"].append(
+            harness.timed_process([harness.PYTHON, "-c", "import torch"])
+        )
+    result = {name: statistics.median(values) for name, values in measured.items()}
+    result["ratio"] = result["orch run"] / result["torchrun + bare loop"]
+    print(
+        f"\n== 5. Local start-up: launch to the end of the first optimizer step ({WORLD} processes, "
+        f"median of {rounds})"
+    )
+    print(table(["command", "seconds"], [[name, f"{result[name]:.2f} s"] for name in measured]))
+    print(f"  orch run / torchrun + bare loop = {ratio(result['ratio'])}")
+    return result
+
+
+def _seconds_to_first_step(cmd: list[str], workdir: Path) -> float:
+    """Launch, wait for exit; the end of step 1 is the clock's first loss call of step 2 (time.time)."""
+    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
+        env = harness.base_env(ORCH_BENCH_DIR=tmp, ORCH_OUTPUT_DIR=str(Path(tmp) / "out"))
+        launched = time.time()
+        proc = subprocess.run(
+            cmd, env=env, cwd=workdir, capture_output=True, text=True, check=False, timeout=300
+        )
+        report_path = Path(tmp) / "rank0.json"
+        if proc.returncode != 0 or not report_path.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+            raise BenchError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}):\n{tail}")
+        times = json.loads(report_path.read_text())["loss_calls"]
+    return times[1] - launched

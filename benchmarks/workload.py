@@ -1,0 +1,115 @@
+"""The one workload every loop trains, with a clock and a collective counter that all loops share.
+
+`timed` is an orch task factory (`train.task: benchmarks.workload:timed`): it builds a built-in task
+(`synthetic` on CPU, `gpt` on GPU) and wraps its loss function with a `StepClock`. The bare DDP loop, the
+Accelerate loop and orch's trainer all call `task.loss_fn` exactly once per training micro-step, so the
+clock measures every loop the same way, from outside it: the time between the first micro-steps of two
+consecutive optimizer steps is one optimizer step, whatever that loop does in between (data, forward,
+backward, all-reduce, clipping, optimizer, logging, metrics).
+
+When `ORCH_BENCH_COUNT_COMM=1`, importing this module also wraps DDP so that every gradient all-reduce
+goes through a counting communication hook (the default all-reduce, counted), and wraps
+`torch.distributed.all_reduce` to count other all-reduces (for example a loss averaged for a log line).
+Each rank writes what it saw to `$ORCH_BENCH_DIR/rank<RANK>.json` when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchestrator.trainer.tasks import Task, build_task
+
+_STATE: dict[str, Any] = {
+    "loss_calls": [],  # wall-clock seconds (time.time) of each training micro-step's loss call
+    "cuda_events": [],  # on GPU: one CUDA event per training micro-step, read once at exit (no syncs)
+    "grad_allreduce_calls": 0,
+    "grad_allreduce_bytes": 0,
+    "grad_syncs": 0,  # backward passes that reduced gradients (bucket 0 seen)
+    "other_allreduce_calls": 0,
+}
+
+
+class StepClock:
+    """Wraps a loss function; records when each training (grad-enabled) micro-step reaches its loss."""
+
+    def __init__(self, loss_fn: Any, use_cuda_events: bool) -> None:
+        self.loss_fn, self.use_cuda_events = loss_fn, use_cuda_events
+
+    def __call__(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():  # evaluation runs under no_grad: not a training step
+            _STATE["loss_calls"].append(time.time())
+            if self.use_cuda_events:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                _STATE["cuda_events"].append(event)
+        return self.loss_fn(outputs, targets)
+
+
+def timed(inner: str = "synthetic", **inner_args: Any) -> Task:
+    """Build the built-in task `inner` with `inner_args` and put a StepClock on its loss."""
+    task = build_task(inner, inner_args)
+    task.loss_fn = StepClock(task.loss_fn, use_cuda_events=torch.cuda.is_available())
+    _STATE["flops_per_sample"], _STATE["tokens_per_sample"] = task.flops_per_sample, task.tokens_per_sample
+    _STATE["parameters"] = sum(p.numel() for p in task.model.parameters())
+    _STATE["device_name"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return task
+
+
+def _write_report() -> None:
+    out = os.environ.get("ORCH_BENCH_DIR")
+    if not out:
+        return
+    report = {key: value for key, value in _STATE.items() if key != "cuda_events"}
+    events = _STATE["cuda_events"]
+    if events:
+        torch.cuda.synchronize()
+        # seconds since the first event, one per micro-step: the GPU's own timeline
+        report["cuda_seconds"] = [events[0].elapsed_time(event) / 1000.0 for event in events]
+    path = Path(out) / f"rank{os.environ.get('RANK', '0')}.json"
+    path.write_text(json.dumps(report))
+
+
+def _count_collectives() -> None:
+    """Count gradient all-reduces through a DDP comm hook, and every other dist.all_reduce call."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    original_all_reduce = dist.all_reduce
+
+    # No annotations: DDP checks them by identity, and this module's are strings (__future__).
+    def counting_allreduce(process_group, bucket):  # noqa: ANN001, ANN202
+        """What DDP's default hook does (average over ranks), counted, calling the unwrapped all_reduce."""
+        buffer = bucket.buffer()
+        _STATE["grad_allreduce_calls"] += 1
+        _STATE["grad_allreduce_bytes"] += buffer.numel() * buffer.element_size()
+        _STATE["grad_syncs"] += bucket.index() == 0
+        group = process_group if process_group is not None else dist.group.WORLD
+        buffer.div_(group.size())
+        work = original_all_reduce(buffer, group=group, async_op=True)
+        return work.get_future().then(lambda future: future.value()[0])
+
+    original_init = DistributedDataParallel.__init__
+
+    def init_with_hook(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.register_comm_hook(None, counting_allreduce)
+
+    DistributedDataParallel.__init__ = init_with_hook  # type: ignore[method-assign]
+
+    def counted_all_reduce(*args: Any, **kwargs: Any) -> Any:
+        _STATE["other_allreduce_calls"] += 1
+        return original_all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted_all_reduce
+
+
+if os.environ.get("ORCH_BENCH_COUNT_COMM") == "1":
+    _count_collectives()
+atexit.register(_write_report)
