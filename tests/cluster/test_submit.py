@@ -323,3 +323,13 @@ def test_pods_of_status_are_selected_by_the_operator_label(env, job_file):
     state = json.loads(env.orch("status", "demo", "-o", "json").stdout)
     assert [p["name"] for p in state["pods"]] == ["demo-master-0"]
     assert env.kube.get(PODS, NS, "demo-two-master-0") is not None
+
+
+def test_unauthorized_says_credentials(env):
+    env.kube.fail("get", "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs", 401, message="Unauthorized")
+    result = env.orch("list")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: unauthorized: the API server at {env.kube.url} (context dev) rejected orch's credentials "
+        "(list pytorchjobs.kubeflow.org): Unauthorized. Check the kubeconfig user/token (is it expired?)"
+    )
