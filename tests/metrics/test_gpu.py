@@ -168,3 +168,21 @@ def test_open_nvml_reader_without_a_driver_returns_none():
         reader.close()
         pytest.skip("NVML works here (a GPU machine)")
     assert reader is None
+
+
+def test_real_nvml_on_a_gpu_machine():
+    """Runs only where a GPU and its driver exist (the device machine); skipped elsewhere."""
+    reader = gpu.open_nvml_reader()
+    if reader is None:
+        pytest.skip("no NVML/GPU here")
+    try:
+        devices = gpu.cuda_devices()
+        assert devices and all(d.uuid.startswith(("GPU-", "MIG-")) for d in devices)
+        for device in devices:
+            r = reader.read(device)
+            assert 0.0 <= r.utilization <= 1.0
+            assert 0 < r.memory_used_bytes <= r.memory_total_bytes
+            assert r.power_watts > 0 and r.temperature_celsius > 0 and r.sm_clock_max_hertz > 1e8
+        assert reader.driver_version()
+    finally:
+        reader.close()
