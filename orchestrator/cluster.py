@@ -613,7 +613,7 @@ class _Reader:
     key: tuple[str, int]
     done: threading.Event = field(default_factory=threading.Event)
     last_timestamp: str = ""
-    failed: bool = False
+    error: ClusterError | None = None
 
 
 def stream_logs(
@@ -693,8 +693,8 @@ def stream_logs(
                         continue  # already shown before the stream was resumed
                     reader.last_timestamp = stamp
                     lines.put((label, text))
-            except ClusterError:
-                reader.failed = True  # e.g. the container is between restarts; the next round retries
+            except ClusterError as e:
+                reader.error = e  # e.g. the container is between restarts; the next round retries
             finally:
                 reader.done.set()
 
@@ -725,7 +725,9 @@ def stream_logs(
                     if key[0] == current.key[0]:
                         notice(f"[{label}] container restarted (restart {key[1]})")
                     start(p, key)  # a new container instance, or a recreated pod
-                elif current.failed or _running(p):
+                elif isinstance(current.error, Forbidden):
+                    raise current.error  # retrying cannot help: say so instead of showing nothing
+                elif current.error is not None or _running(p):
                     start(p, key, resume_after=current.last_timestamp)  # the stream broke; carry on
         first_round = False
 

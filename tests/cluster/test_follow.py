@@ -236,3 +236,21 @@ def test_wait_exit_code_from_a_real_process(env, job_file):
     assert result.returncode == 124
     assert "Traceback" not in result.stderr
     assert env.kube.get(JOBS, NS, "demo") is not None and env.kube.get(PODS, NS, "demo-master-0") is not None
+
+
+def test_logs_follow_reports_a_forbidden_log(env, job_file):
+    (master,) = start_job(env, job_file, pods=(("master", 0),))
+    env.kube.fail(
+        "get",
+        f"/api/v1/namespaces/{NS}/pods/{master}/log",
+        403,
+        times=100,
+        message=f'pods "{master}" is forbidden: User "tester" cannot get resource "pods/log"',
+    )
+    result = env.orch("logs", "demo", "-f")
+    assert result.exit_code == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f'error: forbidden: you may not get pods/log {master} in namespace "team-a"')
+    )
