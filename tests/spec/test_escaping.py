@@ -1,0 +1,218 @@
+"""User strings never change the structure of the rendered objects (property test).
+
+For every field where job.yaml accepts free text, hypothesis generates text full of YAML and Jinja2 syntax
+(quotes, newlines, `{{ }}`, `: `, `#`, `---`, anchors, tags, unicode line separators, control characters).
+The same job is rendered twice: once with those strings and once with a plain token in each slot. Rendering
+is injection-free exactly when the first result equals the second with each token swapped for its string:
+same keys, same nesting, same values, nothing extra. The CLI's YAML and JSON serialisations must round-trip too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import render
+from orchestrator.spec import JobSpec
+
+SPECIALS = [
+    '"',
+    "'",
+    "\\",
+    "\n",
+    "\r\n",
+    "\t",
+    "{{ name }}",
+    "{% if x %}",
+    "{#",
+    "}}",
+    ": ",
+    " #",
+    "# c",
+    "---",
+    "...",
+    "- ",
+    "? ",
+    "|",
+    ">-",
+    "&anchor",
+    "*anchor",
+    "!!python/object/apply:os.system",
+    "%YAML 1.2",
+    "@",
+    "`",
+    "null",
+    "~",
+    "true",
+    "no",
+    "1e3",
+    "0o17",
+    ",",
+    "[",
+    "]",
+    "{",
+    "}",
+    "ü",
+    "日本語",
+    "😀",
+    "\u2028",
+    "\u2029",
+    "\x85",
+    "\x7f",
+    "\x00",
+    "\x1b[31m",
+    "\ufeff",
+    "\u00a0",
+    " ",
+    "\\u0041",
+    "\\n",
+]
+nasty = (
+    st.lists(st.one_of(st.sampled_from(SPECIALS), st.text(max_size=6)), min_size=1, max_size=6)
+    .map("".join)
+    .filter(bool)
+)
+maybe_empty = st.one_of(st.just(""), nasty)
+
+
+def no_space(text: str) -> str:
+    return "".join(c for c in text if not c.isspace()) or "x"
+
+
+def nested(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """JSON-like values whose strings (and mapping keys) are nasty."""
+    return st.recursive(
+        st.one_of(leaf, st.integers(), st.booleans(), st.none()),
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(nasty, inner, max_size=3)),
+        max_leaves=6,
+    )
+
+
+@st.composite
+def free_text_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """The free-text slots of a job, each holding a nasty string (or a structure of them)."""
+    return {
+        "image": no_space(draw(nasty)),
+        "env": draw(st.lists(maybe_empty, min_size=1, max_size=3)),
+        "annotations": draw(st.lists(maybe_empty, min_size=1, max_size=3)),
+        "secret_key": draw(nasty),
+        "toleration": draw(st.tuples(nasty, nasty)),
+        "task_args": draw(st.dictionaries(nasty, nested(nasty), max_size=3)),
+        "checkpoint_dir": draw(nasty),
+        "cuda_alloc_conf": draw(nasty),
+        "command": draw(st.lists(maybe_empty, min_size=1, max_size=4)),
+        "affinity": draw(st.dictionaries(nasty, nested(nasty), min_size=1, max_size=3)),
+        "pod_overrides": draw(st.dictionaries(nasty.map(lambda k: f"x-{k}"), nested(nasty), max_size=3)),
+    }
+
+
+class Tokens:
+    """Replaces every string in a structure with a unique plain token, remembering token -> string."""
+
+    def __init__(self) -> None:
+        self.original: dict[str, str] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str) and value:  # "" stays "": emptiness is meaning, not structure
+            token = f"tok{len(self.original)}z"
+            self.original[token] = value
+            return token
+        if isinstance(value, list):
+            return [self(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self(v) for v in value)
+        if isinstance(value, dict):
+            return {self(k): self(v) for k, v in value.items()}
+        return value
+
+    def restore(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.original.get(value, value)
+        if isinstance(value, list):
+            return [self.restore(v) for v in value]
+        if isinstance(value, dict):
+            return {self.restore(k): self.restore(v) for k, v in value.items()}
+        return value
+
+
+def job(fields: dict[str, Any], *, train: bool) -> JobSpec:
+    data: dict[str, Any] = {
+        "name": "escape-test",
+        "image": fields["image"],
+        "nodes": 2,
+        "env": {f"VAR_{i}": v for i, v in enumerate(fields["env"])},
+        "secret_env": {"TOKEN": {"secret": "creds", "key": fields["secret_key"]}},
+        "annotations": {f"example.com/note-{i}": v for i, v in enumerate(fields["annotations"])},
+        "tolerations": [
+            {"key": fields["toleration"][0], "value": fields["toleration"][1], "effect": "NoSchedule"}
+        ],
+        "affinity": fields["affinity"],
+        "pod_overrides": fields["pod_overrides"],
+    }
+    if train:
+        data["train"] = {
+            "task_args": fields["task_args"],
+            "checkpoint": {"dir": fields["checkpoint_dir"]},
+            "cuda_alloc_conf": fields["cuda_alloc_conf"],
+        }
+    else:
+        data["command"] = fields["command"]
+    return JobSpec.model_validate(data)
+
+
+def comparable(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """train.json is JSON inside a string: compare it parsed."""
+    for obj in objects:
+        if obj["kind"] == "ConfigMap":
+            obj["data"]["train.json"] = json.loads(obj["data"]["train.json"])
+    return objects
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=free_text_fields(), train=st.booleans())
+def test_user_strings_are_values_never_structure(fields, train):
+    tokens = Tokens()
+    safe_fields = {name: tokens(value) for name, value in fields.items()}
+
+    rendered = render.render(job(fields, train=train))
+    expected = tokens.restore(comparable(render.render(job(safe_fields, train=train))))
+    assert comparable(json.loads(json.dumps(rendered))) == expected
+
+    # The CLI's serialisations hold exactly the same objects.
+    assert list(yaml.safe_load_all(render.to_yaml(rendered))) == rendered
+    assert json.loads(render.to_json(rendered))["items"] == rendered
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.one_of(nasty, st.text()))
+def test_template_filter_emits_a_yaml_scalar_that_reads_back_unchanged(value):
+    document = f"key: {render.yaml_scalar(value)}\nnext: 1\n"
+    assert yaml.safe_load(document) == {"key": value, "next": 1}
+    assert yaml.load(document, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == {
+        "key": value,
+        "next": 1,
+    }
+
+
+def test_a_hostile_annotation_stays_one_value():
+    """A readable instance of the property: a value that would inject a key if pasted unquoted."""
+    fields = {
+        "image": "i:1",
+        "env": ["x"],
+        "secret_key": "k",
+        "toleration": ("k", "v"),
+        "task_args": {},
+        "checkpoint_dir": "/c",
+        "cuda_alloc_conf": "c",
+        "command": ["python"],
+        "affinity": {"a": 1},
+        "pod_overrides": {},
+        "annotations": ["x\n  injected: true\n---\nkind: Secret {{ name }} # end"],
+    }
+    (job_object,) = [o for o in render.render(job(fields, train=True)) if o["kind"] == "PyTorchJob"]
+    assert job_object["metadata"]["annotations"] == {"example.com/note-0": fields["annotations"][0]}
+    assert len(render.render(job(fields, train=True))) == 3
