@@ -1,0 +1,123 @@
+"""`orch render` stays light (no torch, no kubernetes) and works from an installed wheel, not only a checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+EXAMPLE = REPO / "examples" / "gpt-multinode.yaml"
+HEAVY = ("torch", "kubernetes")
+
+
+def imported_modules(*args: str) -> set[str]:
+    """Top-level modules the real `orch` entry point imports for `args` (python -X importtime)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line.split("|")[-1] for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return {name.strip().split(".")[0] for name in lines}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--help",), ("render", str(EXAMPLE)), ("validate", str(EXAMPLE))],
+    ids=["help", "render", "validate"],
+)
+def test_cli_does_not_import_torch_or_kubernetes(args):
+    modules = imported_modules(*args)
+    assert "orchestrator" in modules and "click" in modules  # the measurement sees imports at all
+    assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
+def test_help_does_not_import_jinja2_or_pydantic():
+    assert not imported_modules("--help") & {"jinja2", "pydantic", "yaml"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """Build the wheel from a copy of the sources (keeps build/ and *.egg-info out of the checkout)."""
+    source = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("orchestrator", "manifests"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            str(source),
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("orchestrator-*.whl")
+    return built
+
+
+def test_wheel_ships_the_templates(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for template in ("pytorchjob.yaml.j2", "configmap.yaml.j2", "podmonitor.yaml.j2", "__init__.py"):
+        assert f"orchestrator/manifests/{template}" in names
+
+
+def test_render_from_the_installed_wheel(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import orchestrator.manifests as m, orchestrator.render as r; print(m.__file__, r.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    ).stdout
+    assert str(REPO) not in where and where.count(str(target)) == 2  # the wheel's copy, not the checkout
+    job = tmp_path / "job.yaml"
+    shutil.copy(EXAMPLE, job)
+    installed = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "render", str(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    checkout = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "render", str(job)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout == checkout.stdout and "kind: PyTorchJob" in installed.stdout

@@ -1,0 +1,80 @@
+"""`orch init`, `orch validate`, `orch render` as a user runs them (real processes where exit codes matter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from orchestrator import loading, render
+from tests.spec.manifest_checks import cluster_errors
+
+ORCH = Path(sys.executable).with_name("orch")
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def orch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ORCH), *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_init_writes_a_commented_job_that_validates_and_renders(tmp_path):
+    result = orch("init", "--name", "first-job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "job.yaml").read_text()
+    assert text.count("\n#") >= 5  # commented: it teaches the fields
+    spec = loading.load_job(tmp_path / "job.yaml", require_image=True)
+    assert spec.name == "first-job" and spec.train.task == "digits"
+    assert all(cluster_errors(o) == [] for o in render.render(spec))
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("mine\n")
+    result = orch("init", str(job))
+    assert (
+        result.returncode == 2
+        and result.stderr == f"error: {job} already exists; pass --force to overwrite it\n"
+    )
+    assert job.read_text() == "mine\n"
+    assert orch("init", str(job), "--force").returncode == 0
+    assert job.read_text() != "mine\n"
+
+
+def test_init_with_a_bad_name_writes_nothing(tmp_path):
+    result = orch("init", "--name", "Bad_Name", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --name Bad_Name: name: 'Bad_Name' is not a valid job name")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_summarises_the_batch_arithmetic():
+    result = orch("validate", str(EXAMPLES / "gpt-multinode.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"OK {EXAMPLES / 'gpt-multinode.yaml'}: gpt-pretrain",
+        "  nodes 4 x 8 processes = world size 32 (8 GPUs per node)",
+        "  train: task gpt, batch 512 = micro 8 x world 32 x accumulation 2, bf16, max_steps 600000",
+        "  elastic: 2..4 nodes",
+        "  image: ghcr.io/acme/orch-trainer:0.1.0-cuda12.4",
+    ]
+
+
+def test_validate_applies_overrides():
+    result = orch("validate", str(EXAMPLES / "gpt-multinode.yaml"), "--set", "train.micro_batch_size=4")
+    assert result.returncode == 0, result.stderr
+    assert "batch 512 = micro 4 x world 32 x accumulation 4" in result.stdout
+
+
+def test_render_prints_yaml_documents_and_json_list_of_the_same_objects():
+    example = str(EXAMPLES / "gpt-multinode.yaml")
+    expected = render.render(loading.load_job(example, ["nodes=2"]))
+    as_yaml = orch("render", example, "--set", "nodes=2")
+    as_json = orch("render", example, "--set", "nodes=2", "-o", "json")
+    assert as_yaml.returncode == as_json.returncode == 0, as_yaml.stderr + as_json.stderr
+    assert list(yaml.safe_load_all(as_yaml.stdout)) == expected
+    assert json.loads(as_json.stdout) == {"apiVersion": "v1", "kind": "List", "items": expected}
+    assert [o["kind"] for o in expected] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
+    assert expected[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
