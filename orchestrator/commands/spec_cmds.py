@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.commands.common import job_options, load_job, output_option
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
 
 STARTER = """\
 # An orch job: one file for `orch run` (this machine) and `orch render` / `orch submit` (Kubernetes).
@@ -93,7 +97,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
         click.echo(f"  {line}")
 
 
-def summary(spec) -> list[str]:  # noqa: ANN001 (JobSpec; imported lazily)
+def summary(spec: JobSpec) -> list[str]:
     """Human lines describing a valid job: topology, batch arithmetic, where it runs."""
     device = f"{spec.gpus_per_node} GPUs" if spec.gpus_per_node else "CPU"
     lines = [
