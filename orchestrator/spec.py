@@ -129,28 +129,23 @@ def _check_label_key(key: str) -> str:
     return key
 
 
-def _check_labels(labels: dict[str, str]) -> dict[str, str]:
-    for key, value in labels.items():
-        _check_label_key(key)
-        if len(value) > 63 or not LABEL_VALUE.match(value):
-            raise ValueError(
-                f"value {value!r} of label {key!r} is not a valid label value "
-                "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
-            )
-    return labels
+def _check_label_value(value: str) -> str:
+    if len(value) > 63 or not LABEL_VALUE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid label value "
+            "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
+        )
+    return value
 
 
-def _check_annotations(annotations: dict[str, str]) -> dict[str, str]:
-    for key in annotations:
-        _check_label_key(key)
-    return annotations
-
-
-def _check_env_names(env: dict[str, Any]) -> dict[str, Any]:
-    for name in env:
-        if not ENV_NAME.match(name):
-            raise ValueError(f"{name!r} is not a valid environment variable name")
-    return env
+# Keys and values are validated one by one, so an error points at the entry's own line.
+LabelKey = Annotated[str, AfterValidator(_check_label_key)]
+LabelValue = Annotated[str, BeforeValidator(_string_value), AfterValidator(_check_label_value)]
+EnvName = Annotated[str, AfterValidator(_check(ENV_NAME, "environment variable name"))]
+ImageRef = Annotated[
+    str,
+    AfterValidator(_check(re.compile(r"^[^\s/][^\s]*$"), "image reference (e.g. ghcr.io/acme/trainer:1.0)")),
+]
 
 
 class Model(BaseModel):
@@ -247,7 +242,12 @@ class TrainSpec(Model):
     def batch_problem(self, world_size: int) -> str | None:
         """Why this batch cannot be split over `world_size` processes, or None."""
         micro = self.micro_batch(world_size)
-        if micro < 1 or self.batch_size % (micro * world_size):
+        if self.micro_batch_size is None and (micro < 1 or self.batch_size % world_size):
+            return (
+                f"batch_size {self.batch_size} is not divisible by the world size {world_size} "
+                f"(nodes x procs_per_node); pick a multiple of {world_size}, or set micro_batch_size"
+            )
+        if self.batch_size % (micro * world_size):
             return (
                 f"batch_size {self.batch_size} is not divisible by micro_batch_size {micro} x "
                 f"world size {world_size}; pick a batch_size that is a multiple of {micro * world_size}"
@@ -357,17 +357,17 @@ class JobSpec(Model):
         ),
     ]
     namespace: Dns1123Label | None = None
-    image: Annotated[str, Field(min_length=1, pattern=r"^\S+$")] | None = None
+    image: ImageRef | None = None
     nodes: PositiveInt = 1
     gpus_per_node: Annotated[int, Field(ge=0)] = 0
     procs_per_node: PositiveInt = None  # type: ignore[assignment]  # resolved in _defaults
     resources: Resources = Resources()
     train: TrainSpec | None = None
     command: Annotated[list[StringValue], Field(min_length=1)] | None = None
-    env: Annotated[dict[str, StringValue], AfterValidator(_check_env_names)] = {}
-    secret_env: Annotated[dict[str, SecretRef], AfterValidator(_check_env_names)] = {}
+    env: dict[EnvName, StringValue] = {}
+    secret_env: dict[EnvName, SecretRef] = {}
     volumes: list[Volume] = []
-    node_selector: Annotated[dict[str, StringValue], AfterValidator(_check_labels)] = {}
+    node_selector: dict[LabelKey, LabelValue] = {}
     tolerations: list[Toleration] = []
     affinity: dict[str, Any] | None = None
     image_pull_secrets: list[Dns1123Name] = []
@@ -379,8 +379,8 @@ class JobSpec(Model):
     """activeDeadlineSeconds of the job."""
     ttl_after_finished: Duration | None = None
     metrics: Metrics = Metrics()
-    labels: Annotated[dict[str, StringValue], AfterValidator(_check_labels)] = {}
-    annotations: Annotated[dict[str, StringValue], AfterValidator(_check_annotations)] = {}
+    labels: dict[LabelKey, LabelValue] = {}
+    annotations: dict[LabelKey, StringValue] = {}
     pod_overrides: dict[str, Any] = {}
     """Advanced: deep-merged into the pod template spec of every replica."""
 
