@@ -182,7 +182,8 @@ def test_podmonitor_selects_the_jobs_pods_by_the_metrics_port(tmp_path):
     assert selector.items() <= pod_labels.items()
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["podMetricsEndpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "60s"}
+        # honorLabels: the exporter's own `job` label (the orch job name) must survive the scrape.
+        {"port": "metrics", "path": "/metrics", "honorLabels": True, "interval": "60s"}
     ]
 
 
