@@ -141,7 +141,9 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
 
 def _failure_message(error: Any, max_restarts: int) -> str:
     rank, failure = error.get_first_failure()
-    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    message = failure.message  # with @record: {"message": "<traceback, ending in the exception>", ...}
+    if isinstance(message, dict):
+        message = str(message.get("message", ""))
     lines = [line for line in message.strip().splitlines() if line.strip()]
     reason = lines[-1] if lines else f"exit code {failure.exitcode}"
     restarts = f" after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""

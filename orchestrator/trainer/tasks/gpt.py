@@ -1,17 +1,19 @@
 """`gpt`: a small decoder-only transformer language model, for throughput and MFU.
 
-Tokens are synthetic (a fixed random Markov chain, so the loss has something to learn) or the bytes of a
-text file (`text_file`, vocabulary 256). The size is set by `task_args`: layers, heads, width, sequence.
+Tokens are synthetic (a fixed random Markov chain, so the loss has something to learn), nanoGPT's
+prepared `train.bin`/`val.bin`, or the bytes of a text file. The size is set by `task_args` with
+nanoGPT's names: n_layer, n_head, n_embd, seq_len (block_size), vocab_size.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from orchestrator.trainer.tasks import Task, accuracy
 
@@ -42,6 +44,15 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight  # weight tying, as GPT-2
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2's N(0, 0.02): PyTorch's N(0, 1) embeddings, tied to the head, would start with huge logits.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -71,12 +82,37 @@ def markov_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Tenso
     return sequences
 
 
-def text_tokens(path: str, length: int) -> torch.Tensor:
-    data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8).long()
-    count = len(data) // length
-    if count < 2:
-        raise ValueError(f"text_file {path} is too short for sequences of {length} tokens")
-    return data[: count * length].view(count, length)
+class TokenWindows(Dataset):
+    """Sample i: tokens [i*length, (i+1)*length + 1) of a 1-D token array (a NumPy memmap: nothing loaded)."""
+
+    def __init__(self, tokens: np.ndarray, length: int) -> None:
+        self.tokens, self.length = tokens, length
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.length
+        window = torch.from_numpy(self.tokens[start : start + self.length + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+
+def file_datasets(path: str, length: int) -> tuple[Dataset, Dataset]:
+    """nanoGPT's prepared data (a directory with train.bin and val.bin, uint16 GPT-2 tokens), or the bytes
+    of any file (vocabulary 256, the last tenth held out)."""
+    source = Path(path)
+    if source.is_dir():
+        train, val = (
+            np.memmap(source / name, dtype=np.uint16, mode="r") for name in ("train.bin", "val.bin")
+        )
+    else:
+        data = np.frombuffer(source.read_bytes(), dtype=np.uint8)
+        cut = len(data) * 9 // 10
+        train, val = data[:cut], data[cut:]
+    datasets = TokenWindows(train, length), TokenWindows(val, length)
+    if len(datasets[0]) < 1 or len(datasets[1]) < 1:
+        raise ValueError(f"gpt: {path} is too short for sequences of {length} tokens")
+    return datasets
 
 
 def train_flops_per_token(model: GPT, layers: int, width: int, length: int) -> float:
@@ -89,35 +125,36 @@ def train_flops_per_token(model: GPT, layers: int, width: int, length: int) -> f
 
 
 def make(
-    layers: int = 2,
-    heads: int = 4,
-    width: int = 128,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 128,
     seq_len: int = 64,
-    vocab_size: int = 256,
+    vocab_size: int | None = None,
     samples: int = 2048,
     eval_samples: int = 128,
     dropout: float = 0.0,
     seed: int = 0,
-    text_file: str | None = None,
+    dataset: str | None = None,
 ) -> Task:
-    if width % heads:
-        raise ValueError(f"gpt: width {width} must be divisible by heads {heads}")
-    length = seq_len + 1  # inputs are tokens[:-1], targets tokens[1:]
-    if text_file:
-        vocab_size = 256
-        sequences = text_tokens(text_file, length)
-        eval_count = max(1, min(eval_samples, len(sequences) // 10))
+    """Names as nanoGPT's GPTConfig. `dataset`: nanoGPT's train.bin/val.bin directory or a text file;
+    None: synthetic tokens (`samples` training and `eval_samples` held-out sequences)."""
+    if n_embd % n_head:
+        raise ValueError(f"gpt: n_embd {n_embd} must be divisible by n_head {n_head}")
+    if dataset:
+        train, held_out = file_datasets(dataset, seq_len)
+        vocab_size = vocab_size or (50304 if Path(dataset).is_dir() else 256)  # GPT-2's, padded to 64
     else:
-        sequences = markov_tokens(samples + eval_samples, length, vocab_size, seed)
-        eval_count = eval_samples
-    train, held_out = sequences[eval_count:], sequences[:eval_count]
-    model = GPT(vocab_size, seq_len, layers, heads, width, dropout)
+        vocab_size = vocab_size or 256
+        sequences = markov_tokens(samples + eval_samples, seq_len + 1, vocab_size, seed)
+        train = TensorDataset(sequences[eval_samples:, :-1], sequences[eval_samples:, 1:])
+        held_out = TensorDataset(sequences[:eval_samples, :-1], sequences[:eval_samples, 1:])
+    model = GPT(vocab_size, seq_len, n_layer, n_head, n_embd, dropout)
     return Task(
         model=model,
-        train_dataset=TensorDataset(train[:, :-1], train[:, 1:]),
-        eval_dataset=TensorDataset(held_out[:, :-1], held_out[:, 1:]) if eval_count else None,
+        train_dataset=train,
+        eval_dataset=held_out if len(held_out) else None,
         loss_fn=lm_loss,
         eval_metrics=next_token_accuracy,
-        flops_per_sample=train_flops_per_token(model, layers, width, seq_len) * seq_len,
+        flops_per_sample=train_flops_per_token(model, n_layer, n_embd, seq_len) * seq_len,
         tokens_per_sample=seq_len,
     )
