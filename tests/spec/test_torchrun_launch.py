@@ -18,7 +18,12 @@ import pytest
 from orchestrator import render
 from orchestrator.spec import JobSpec
 
-PROBE = "import os; print('proc', *(os.environ[k] for k in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')))"
+# One os.write per process: with PYTHONUNBUFFERED (the operator sets it) print() writes its pieces separately and
+# the two processes' lines interleave.
+PROBE = (
+    "import os; os.write(1, ('proc ' + ' '.join(os.environ[k] for k in "
+    "('WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')) + '\\n').encode())"
+)
 
 
 def free_port() -> int:
