@@ -1,0 +1,518 @@
+"""`orch doctor`: find what would break a training job before it burns GPU hours.
+
+Two halves, kept apart so the judgement is testable without a GPU or a cluster:
+- *gathering* (`gather_local`, `cluster.doctor_probe`) reads facts: torch (in a child process, so a
+  broken CUDA install is a FAIL line, not a crash, and the CLI itself never imports torch), NVML or
+  `nvidia-smi`, /dev/shm, the environment, the cluster's discovery API, nodes and permissions;
+- *judging* (`judge_local`, `judge_cluster`) turns plain facts into OK / WARN / FAIL checks, each
+  with a one-line fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+GiB = 1 << 30
+MiB = 1 << 20
+# NCCL keeps its intra-node buffers in /dev/shm and DataLoader workers pass batches through it;
+# Docker's default 64 MiB makes NCCL fail with "unhandled system error" on the first all-reduce.
+SHM_FAIL_BELOW = 256 * MiB
+SHM_WARN_BELOW = 1 * GiB
+MIN_PYTHON = (3, 10)
+
+# NCCL settings that are legitimate while debugging but cost a lot of speed when left on.
+SLOW_NCCL_ENV = {
+    "NCCL_P2P_DISABLE": "GPU peer-to-peer copies are off (intra-node traffic goes through host memory)",
+    "NCCL_IB_DISABLE": "InfiniBand/RoCE is off (inter-node traffic falls back to TCP sockets)",
+    "NCCL_SHM_DISABLE": "shared-memory transport is off",
+}
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK | WARN | FAIL
+    detail: str
+    fix: str = ""  # one line; empty for OK
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class GpuFacts:
+    """What the driver says, via NVML or nvidia-smi."""
+
+    source: str | None = None  # "nvml" | "nvidia-smi" | None (neither worked)
+    names: list[str] = field(default_factory=list)
+    memory_bytes: list[int] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # the newest CUDA the driver supports, "12.8"
+    error: str | None = None
+
+
+@dataclass
+class LocalFacts:
+    python_version: str
+    torch: dict[str, Any]  # TORCH_PROBE's output; {"error": ...} when torch does not import
+    gpus: GpuFacts
+    shm_bytes: int | None
+    env: dict[str, str]
+
+
+# --- gathering: the only part that touches the machine ----------------------------------------------
+
+# Runs in a child interpreter: the CLI must never import torch, and a CUDA init that hangs or
+# crashes must not take `orch doctor` down with it.
+TORCH_PROBE = r"""
+import json
+try:
+    import torch
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"})); raise SystemExit
+facts = {"version": torch.__version__, "cuda": torch.version.cuda, "cudnn": None, "nccl": None,
+         "cuda_available": False, "device_count": 0, "devices": [], "bf16": None}
+try:
+    facts["cudnn"] = torch.backends.cudnn.version()
+except Exception:
+    pass
+try:
+    facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+except Exception:
+    pass
+try:
+    facts["cuda_available"] = torch.cuda.is_available()
+    if facts["cuda_available"]:
+        facts["device_count"] = torch.cuda.device_count()
+        facts["devices"] = [torch.cuda.get_device_name(i) for i in range(facts["device_count"])]
+        facts["bf16"] = torch.cuda.is_bf16_supported()
+except Exception as e:
+    facts["cuda_error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(facts))
+"""
+
+
+def probe_torch(python: str = sys.executable, timeout: float = 120.0) -> dict[str, Any]:
+    try:
+        result = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"importing torch took more than {timeout:.0f}s (a hung CUDA driver?)"}
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the torch probe exited {result.returncode}: {last}"}
+    return json.loads(lines[-1])
+
+
+def probe_nvml(nvml: Any = None) -> GpuFacts:
+    """GPU facts from NVML (`nvidia-ml-py`). `nvml` is the pynvml module; tests pass a stand-in."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return GpuFacts(error="nvidia-ml-py is not installed")
+    try:
+        nvml.nvmlInit()
+    except Exception as error:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU
+        return GpuFacts(error=f"NVML: {error}")
+    try:
+        facts = GpuFacts(source="nvml", driver_version=_text(nvml.nvmlSystemGetDriverVersion()))
+        cuda = nvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12080
+        facts.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            facts.names.append(_text(nvml.nvmlDeviceGetName(handle)))
+            facts.memory_bytes.append(int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
+        return facts
+    except Exception as error:
+        return GpuFacts(error=f"NVML: {error}")
+    finally:
+        nvml.nvmlShutdown()
+
+
+def probe_nvidia_smi() -> GpuFacts:
+    """The fallback when NVML cannot be loaded from Python: parse `nvidia-smi --query-gpu`."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return GpuFacts(error="nvidia-smi not found")
+    try:
+        result = subprocess.run(
+            [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return GpuFacts(error="nvidia-smi did not answer in 30s")
+    if result.returncode != 0:
+        return GpuFacts(error=f"nvidia-smi: {(result.stdout + result.stderr).strip().splitlines()[-1:]}")
+    facts = GpuFacts(source="nvidia-smi")
+    for line in result.stdout.strip().splitlines():
+        name, memory_mib, driver = (part.strip() for part in line.split(","))
+        facts.names.append(name)
+        facts.memory_bytes.append(int(float(memory_mib)) * MiB)
+        facts.driver_version = driver
+    # The driver's CUDA version is only in the banner of plain `nvidia-smi`.
+    banner = subprocess.run([exe], capture_output=True, text=True, timeout=30).stdout
+    marker = "CUDA Version:"
+    if marker in banner:
+        facts.cuda_driver_version = banner.split(marker, 1)[1].split()[0]
+    return facts
+
+
+def shm_size(path: str = "/dev/shm") -> int | None:
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize
+
+
+def gather_local(nvml: Any = None) -> LocalFacts:
+    gpus = probe_nvml(nvml)
+    if gpus.source is None:
+        fallback = probe_nvidia_smi()
+        gpus = fallback if fallback.source else GpuFacts(error=f"{gpus.error}; {fallback.error}")
+    env = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIXES)}
+    return LocalFacts(platform.python_version(), probe_torch(), gpus, shm_size(), env)
+
+
+def local_checks() -> list[Check]:
+    return judge_local(gather_local())
+
+
+# --- judging: pure functions of the facts -------------------------------------------------------------
+
+
+def judge_local(facts: LocalFacts) -> list[Check]:
+    torch = facts.torch
+    gpus = facts.gpus
+    checks = [_python_check(facts.python_version)]
+    if "error" in torch:
+        checks.append(
+            Check("torch", FAIL, torch["error"], "pip install 'orchestrator[train]' (or use the orch image)")
+        )
+        cuda_build = False
+    else:
+        checks.append(Check("torch", OK, torch["version"]))
+        cuda_build = bool(torch.get("cuda"))
+        checks.append(_torch_cuda_build_check(torch, gpus))
+    checks.append(_gpu_check(gpus, expect_gpu=cuda_build))
+    if gpus.source:
+        checks.append(_driver_check(gpus, torch.get("cuda")))
+    if cuda_build:
+        checks += _cuda_runtime_checks(torch, gpus)
+    checks.append(_shm_check(facts.shm_bytes))
+    checks.append(_nccl_env_check(facts.env))
+    return checks
+
+
+def _python_check(version: str) -> Check:
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if (major, minor) < MIN_PYTHON:
+        return Check("python", FAIL, version, f"use Python {'.'.join(map(str, MIN_PYTHON))} or newer")
+    return Check("python", OK, version)
+
+
+def _torch_cuda_build_check(torch: dict[str, Any], gpus: GpuFacts) -> Check:
+    if torch.get("cuda"):
+        return Check("torch CUDA build", OK, f"built for CUDA {torch['cuda']}")
+    if gpus.names:
+        return Check(
+            "torch CUDA build",
+            FAIL,
+            f"{torch['version']} is a CPU-only build but GPUs are present",
+            "install a CUDA build of torch (pip's default on Linux) or run in the orch CUDA image",
+        )
+    return Check(
+        "torch CUDA build",
+        WARN,
+        f"{torch['version']} is a CPU-only build",
+        "fine for `orch run` on CPU; GPU jobs run in the CUDA image (`orch build`)",
+    )
+
+
+def _gpu_check(gpus: GpuFacts, *, expect_gpu: bool) -> Check:
+    if gpus.names:
+        summary = ", ".join(
+            f"{count} x {name} ({memory / GiB:.0f} GiB)"
+            for name, count, memory in _group_gpus(gpus.names, gpus.memory_bytes)
+        )
+        return Check("GPUs", OK, f"{summary} via {gpus.source}")
+    detail = f"no NVIDIA GPU visible ({gpus.error})" if gpus.error else "no NVIDIA GPU visible"
+    fix = (
+        "check the driver with `nvidia-smi`; in a container run with `--gpus all` / request nvidia.com/gpu; "
+        "unset an empty CUDA_VISIBLE_DEVICES"
+    )
+    # With a CUDA build of torch the user meant to train on GPUs: a missing GPU is an error.
+    return Check("GPUs", FAIL if expect_gpu else WARN, detail, fix)
+
+
+def _group_gpus(names: list[str], memory: list[int]) -> list[tuple[str, int, int]]:
+    grouped: dict[str, list[int]] = {}
+    for name, size in zip(names, memory or [0] * len(names), strict=False):
+        grouped.setdefault(name, []).append(size)
+    return [(name, len(sizes), max(sizes)) for name, sizes in grouped.items()]
+
+
+def _driver_check(gpus: GpuFacts, torch_cuda: str | None) -> Check:
+    detail = f"driver {gpus.driver_version}" + (
+        f", supports CUDA {gpus.cuda_driver_version}" if gpus.cuda_driver_version else ""
+    )
+    if not (torch_cuda and gpus.cuda_driver_version):
+        return Check("NVIDIA driver", OK, detail)
+    need, have = _version(torch_cuda), _version(gpus.cuda_driver_version)
+    if need[0] > have[0]:
+        return Check(
+            "NVIDIA driver",
+            FAIL,
+            f"{detail}; torch needs CUDA {torch_cuda}",
+            f"upgrade the driver to one for CUDA {need[0]}.x, or use a torch/image built for "
+            f"CUDA {have[0]}.x (--build-arg BASE_IMAGE=...)",
+        )
+    if need > have:
+        # CUDA minor-version compatibility: a 12.8 runtime runs on a 12.4 driver, minus PTX JIT.
+        return Check(
+            "NVIDIA driver",
+            WARN,
+            f"{detail}; torch was built for CUDA {torch_cuda}",
+            "works through minor-version compatibility; upgrade the driver if kernels fail to load",
+        )
+    return Check("NVIDIA driver", OK, detail)
+
+
+def _cuda_runtime_checks(torch: dict[str, Any], gpus: GpuFacts) -> list[Check]:
+    if not torch.get("cuda_available"):
+        detail = torch.get("cuda_error") or "torch.cuda.is_available() is False"
+        return [
+            Check(
+                "CUDA available",
+                FAIL if gpus.names else WARN,
+                detail,
+                "the driver must be at least as new as torch's CUDA; check `nvidia-smi` and "
+                "CUDA_VISIBLE_DEVICES",
+            )
+        ]
+    checks = [
+        Check("CUDA available", OK, f"{torch['device_count']} device(s): {', '.join(torch['devices'])}")
+    ]
+    cudnn = torch.get("cudnn")
+    checks.append(
+        Check("cuDNN", OK, _cudnn_text(cudnn))
+        if cudnn
+        else Check("cuDNN", WARN, "torch finds no cuDNN", "use a torch wheel or image that bundles cuDNN")
+    )
+    nccl = torch.get("nccl")
+    checks.append(
+        Check("NCCL", OK, nccl)
+        if nccl
+        else Check("NCCL", WARN, "torch has no NCCL", "multi-GPU jobs need a torch build with NCCL")
+    )
+    if torch.get("bf16"):
+        checks.append(Check("bf16", OK, "supported"))
+    else:
+        checks.append(
+            Check(
+                "bf16",
+                WARN,
+                "these GPUs have no bf16 (pre-Ampere)",
+                "set train.precision: fp16 (or fp32) in job.yaml",
+            )
+        )
+    return checks
+
+
+def _cudnn_text(version: int) -> str:
+    # torch reports 90100 for 9.1.0 (and 8902 for 8.9.2 before cuDNN 9).
+    if version >= 10000:
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return f"{version // 1000}.{version % 1000 // 100}.{version % 100}"
+
+
+def _shm_check(size: int | None) -> Check:
+    if size is None:
+        return Check("/dev/shm", WARN, "not found", "on Linux mount a tmpfs at /dev/shm; elsewhere ignore")
+    text = f"{size / GiB:.2f} GiB" if size >= GiB else f"{size / MiB:.0f} MiB"
+    fix = (
+        "docker run --shm-size=16g / podman run --shm-size=16g; in job.yaml set resources.shm "
+        "(orch mounts a memory-backed emptyDir of that size)"
+    )
+    if size < SHM_FAIL_BELOW:
+        return Check("/dev/shm", FAIL, f"{text}: too small for NCCL and DataLoader workers", fix)
+    if size < SHM_WARN_BELOW:
+        return Check("/dev/shm", WARN, f"{text}: tight for several DataLoader workers", fix)
+    return Check("/dev/shm", OK, text)
+
+
+def _nccl_env_check(env: dict[str, str]) -> Check:
+    slow = [
+        f"{key}={env[key]} ({why})"
+        for key, why in SLOW_NCCL_ENV.items()
+        if env.get(key, "0") not in ("", "0")
+    ]
+    if env.get("CUDA_VISIBLE_DEVICES") == "":
+        return Check(
+            "NCCL/CUDA env",
+            FAIL,
+            "CUDA_VISIBLE_DEVICES is set but empty: every GPU is hidden",
+            "unset CUDA_VISIBLE_DEVICES",
+        )
+    if slow:
+        return Check("NCCL/CUDA env", WARN, "; ".join(slow), "unset these unless you are debugging NCCL")
+    if env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+        return Check(
+            "NCCL/CUDA env",
+            WARN,
+            f"NCCL_DEBUG={env['NCCL_DEBUG']} logs a lot on every rank",
+            "use NCCL_DEBUG=WARN outside debugging",
+        )
+    shown = ", ".join(f"{key}={value}" for key, value in sorted(env.items())) or "nothing set"
+    return Check("NCCL/CUDA env", OK, shown)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- cluster -------------------------------------------------------------------------------------------
+
+PYTORCHJOB_GROUP = "kubeflow.org"
+MONITORING_GROUP = "monitoring.coreos.com"
+MONITORING_NEEDED = ("podmonitors", "prometheusrules")  # what `orch render` emits
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
+
+
+def cluster_checks(
+    *, namespace: str | None = None, context: str | None = None, kubeconfig: str | None = None
+) -> list[Check]:
+    from orchestrator import cluster
+
+    try:
+        facts = cluster.doctor_probe(namespace=namespace, context=context, kubeconfig=kubeconfig)
+    except Exception as error:  # any failure to talk to the cluster is the finding itself
+        return [
+            Check(
+                "cluster",
+                FAIL,
+                f"not reachable: {error}",
+                "check `kubectl config current-context`, the VPN/API endpoint, or pass --context",
+            )
+        ]
+    return judge_cluster(facts)
+
+
+def judge_cluster(facts: dict[str, Any]) -> list[Check]:
+    """Judge `cluster.doctor_probe`'s plain-data answer (see that function for its keys)."""
+    checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
+    served = facts.get("pytorchjob_versions") or []
+    if "v1" in served:
+        checks.append(Check("PyTorchJob CRD", OK, f"kubeflow.org {', '.join(served)}"))
+    elif served:
+        checks.append(
+            Check(
+                "PyTorchJob CRD",
+                FAIL,
+                f"kubeflow.org serves pytorchjobs only as {', '.join(served)}",
+                "install Kubeflow Training Operator v1.7+ (kubeflow.org/v1 PyTorchJob)",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "PyTorchJob CRD",
+                FAIL,
+                "pytorchjobs.kubeflow.org is not installed",
+                "install the Kubeflow Training Operator: kubectl apply --server-side -k "
+                '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"',
+            )
+        )
+    monitoring = set(facts.get("monitoring_resources") or [])
+    missing = [name for name in MONITORING_NEEDED if name not in monitoring]
+    if missing:
+        checks.append(
+            Check(
+                "Prometheus Operator CRDs",
+                WARN,
+                f"missing {', '.join(missing)}.{MONITORING_GROUP}",
+                "install kube-prometheus-stack, or set metrics.enabled: false in job.yaml",
+            )
+        )
+    else:
+        checks.append(Check("Prometheus Operator CRDs", OK, ", ".join(sorted(monitoring))))
+    checks.append(_gpu_nodes_check(facts.get("nodes"), facts.get("nodes_error")))
+    checks.append(_access_check(facts))
+    return checks
+
+
+def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> Check:
+    if nodes is None:
+        return Check(
+            "GPU nodes",
+            WARN,
+            f"cannot list nodes ({error})",
+            "ask an admin for `list nodes`, or trust that GPU nodes exist",
+        )
+    gpu_nodes = [node for node in nodes if int(node.get("gpus") or 0) > 0]
+    if not gpu_nodes:
+        return Check(
+            "GPU nodes",
+            FAIL,
+            f"none of {len(nodes)} node(s) has {GPU_RESOURCE} allocatable",
+            "install the NVIDIA device plugin / GPU Operator, or add GPU nodes",
+        )
+    products: dict[str, int] = {}
+    for node in gpu_nodes:
+        product = node.get("product") or "unknown product"
+        products[product] = products.get(product, 0) + int(node["gpus"])
+    summary = ", ".join(f"{count} x {product}" for product, count in sorted(products.items()))
+    return Check("GPU nodes", OK, f"{len(gpu_nodes)} node(s): {summary}")
+
+
+def _access_check(facts: dict[str, Any]) -> Check:
+    namespace = facts.get("namespace") or "default"
+    allowed = facts.get("can_create_pytorchjobs")
+    if allowed is None:
+        return Check(
+            "permissions",
+            WARN,
+            f"could not ask the API server ({facts.get('access_error')})",
+            "try `kubectl auth can-i create pytorchjobs.kubeflow.org -n " + namespace + "`",
+        )
+    if not allowed:
+        reason = facts.get("access_reason") or "denied"
+        return Check(
+            "permissions",
+            FAIL,
+            f"you may not create pytorchjobs in namespace {namespace} ({reason})",
+            "ask an admin to bind manifests/rbac.yaml's Role to you, or pick another -n",
+        )
+    return Check("permissions", OK, f"may create pytorchjobs in namespace {namespace}")
+
+
+def format_table(checks: list[Check]) -> str:
+    width = max(len(check.name) for check in checks)
+    lines = []
+    for check in checks:
+        line = f"{check.status:<4}  {check.name:<{width}}  {check.detail}"
+        if check.fix and check.status != OK:
+            line += f"\n      {'':<{width}}  fix: {check.fix}"
+        lines.append(line)
+    failed = sum(check.status == FAIL for check in checks)
+    warned = sum(check.status == WARN for check in checks)
+    lines.append(f"{failed} failed, {warned} warnings, {len(checks) - failed - warned} ok")
+    return "\n".join(lines)
