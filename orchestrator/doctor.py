@@ -418,6 +418,8 @@ def cluster_checks(
 
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     """Judge `cluster.doctor_probe`'s plain-data answer (see that function for its keys)."""
+    from orchestrator.cluster import OPERATOR_INSTALL  # a constant; cluster.py imports kubernetes lazily
+
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
     served = facts.get("pytorchjob_versions") or []
     if "v1" in served:
@@ -437,8 +439,7 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
                 "PyTorchJob CRD",
                 FAIL,
                 "pytorchjobs.kubeflow.org is not installed",
-                "install the Kubeflow Training Operator: kubectl apply --server-side -k "
-                '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"',
+                f"install the Kubeflow Training Operator: {OPERATOR_INSTALL}",
             )
         )
     monitoring = set(facts.get("monitoring_resources") or [])

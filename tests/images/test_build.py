@@ -1,0 +1,273 @@
+"""`orch build`: argv per tool, the content-hash tag, tool discovery and the errors users see.
+
+The build tools here are real (docker's client without a daemon, buildah); no registry can exist on
+this machine, so the push-denied case talks to a tiny HTTP server that answers like a registry that
+refuses the credentials.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator import images
+from tests.conftest import require_tool
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ORCH = str(Path(sys.executable).with_name("orch"))
+
+
+def orch(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ORCH, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300
+    )
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    """A small build context with a .dockerignore, like a user's project."""
+    root = tmp_path / "ctx"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "train.py").write_text("print('hi')\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "Dockerfile").write_text("FROM scratch\nCOPY pkg /pkg\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "todo.md").write_text("x\n")
+    (root / ".dockerignore").write_text("# docs are not in the image\nnotes\n*.log\n")
+    return root
+
+
+# --- argv ------------------------------------------------------------------------------------------
+
+
+def test_build_argv_per_tool() -> None:
+    request = images.BuildRequest("ctx", build_args={"B": "2", "A": "1"})
+    ref = "ghcr.io/acme/t:abc"
+    assert images.build_argv("docker", ref, request) == [
+        "docker", "build", "--file", "ctx/Dockerfile", "--tag", ref,
+        "--build-arg", "A=1", "--build-arg", "B=2", "ctx",
+    ]  # fmt: skip
+    assert images.build_argv("podman", ref, request)[:2] == ["podman", "build"]
+    assert images.build_argv("buildah", ref, request) == [
+        "buildah", "bud", "--layers", "--file", "ctx/Dockerfile", "--tag", ref,
+        "--build-arg", "A=1", "--build-arg", "B=2", "ctx",
+    ]  # fmt: skip
+    assert images.push_argv("podman", ref) == ["podman", "push", ref]
+
+
+def test_build_argv_custom_dockerfile_and_unknown_tool() -> None:
+    request = images.BuildRequest(".", dockerfile="images/cpu/Dockerfile")
+    assert images.build_argv("docker", "r:t", request)[2:4] == ["--file", "images/cpu/Dockerfile"]
+    with pytest.raises(images.UsageError, match="unknown build tool 'kaniko'"):
+        images.build_argv("kaniko", "r:t", request)
+
+
+def test_image_ref_rejects_a_repo_that_has_a_tag() -> None:
+    assert images.image_ref("localhost:5000/team/trainer", "abc") == "localhost:5000/team/trainer:abc"
+    with pytest.raises(images.UsageError, match="already has a tag"):
+        images.image_ref("ghcr.io/acme/trainer:1.0", "abc")
+
+
+def test_parse_build_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FROM_ENV", "yes")
+    assert images.parse_build_args(["A=1", "B=x=y", "FROM_ENV", "EMPTY="]) == {
+        "A": "1", "B": "x=y", "FROM_ENV": "yes", "EMPTY": "",
+    }  # fmt: skip
+    monkeypatch.delenv("NOPE", raising=False)
+    with pytest.raises(images.UsageError, match=r"\$NOPE is not set"):
+        images.parse_build_args(["NOPE"])
+
+
+def test_git_revision_reads_head(tmp_path: Path) -> None:
+    git = require_tool("git")
+    subprocess.run([git, "init", "-q", str(tmp_path)], check=True)
+    assert images.git_revision(str(tmp_path)) is None  # no commit yet
+    (tmp_path / "f").write_text("x")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    subprocess.run([git, "-C", str(tmp_path), "add", "f"], check=True)
+    subprocess.run([git, "-C", str(tmp_path), "commit", "-qm", "x"], check=True, env=env)
+    expected = subprocess.run([git, "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    (tmp_path / "sub").mkdir()  # a context below the checkout's root finds the same .git
+    assert images.git_revision(str(tmp_path / "sub")) == expected.stdout.strip()
+    subprocess.run([git, "-C", str(tmp_path), "pack-refs", "--all"], check=True)  # now only in packed-refs
+    assert images.git_revision(str(tmp_path)) == expected.stdout.strip()
+
+
+# --- the content-hash tag ---------------------------------------------------------------------------
+
+
+def test_context_files_respect_dockerignore(context: Path) -> None:
+    (context / "build.log").write_text("noise")
+    assert images.context_files(str(context)) == [".dockerignore", "Dockerfile", "pkg/train.py", "run.sh"]
+
+
+def test_repo_context_is_only_what_the_image_needs() -> None:
+    files = images.context_files(str(REPO_ROOT))
+    assert "pyproject.toml" in files and "Dockerfile" in files and "images/cpu/Dockerfile" in files
+    assert any(f.startswith("orchestrator/") for f in files)
+    assert not [
+        f
+        for f in files
+        if f.startswith(("tests/", ".venv/", ".git/", "runs/", "docs/")) or "__pycache__" in f
+    ]
+
+
+def test_tag_is_stable_and_follows_every_input(context: Path, tmp_path: Path) -> None:
+    tag = images.context_tag(str(context))
+    assert tag == images.context_tag(str(context)) and len(tag) == images.TAG_LENGTH
+
+    # A copy elsewhere, with other timestamps, is the same source: same tag.
+    copy = tmp_path / "copy"
+    shutil.copytree(context, copy)
+    os.utime(copy / "pkg" / "train.py", (1, 1))
+    assert images.context_tag(str(copy)) == tag
+
+    # Ignored files do not count; sent files, their mode and names do.
+    (context / "notes" / "todo.md").write_text("changed\n")
+    assert images.context_tag(str(context)) == tag
+    (context / "pkg" / "train.py").write_text("print('changed')\n")
+    changed = images.context_tag(str(context))
+    assert changed != tag
+    (context / "run.sh").chmod(0o755)
+    executable = images.context_tag(str(context))
+    assert executable != changed
+    (context / "pkg" / "train.py").rename(context / "pkg" / "main.py")
+    assert images.context_tag(str(context)) != executable
+
+    # The Dockerfile and the build args are inputs too.
+    before = images.context_tag(str(context))
+    assert images.context_tag(str(context), build_args={"BASE_IMAGE": "x"}) != before
+    (context / "Dockerfile").write_text("FROM scratch\n")
+    assert images.context_tag(str(context)) != before
+
+
+def test_dockerfile_outside_the_context_is_hashed(context: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "Other.Dockerfile"
+    outside.write_text("FROM scratch\n")
+    tag = images.context_tag(str(context), str(outside))
+    outside.write_text("FROM scratch\nLABEL a=b\n")
+    assert images.context_tag(str(context), str(outside)) != tag
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", images.TOOLS)
+def test_dry_run_prints_commands_then_the_reference(tool: str, context: Path) -> None:
+    result = orch("build", str(context), "--image", "ghcr.io/acme/t", "--tool", tool, "--push",
+                  "--build-arg", "BASE_IMAGE=base:1", "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tag = images.context_tag(str(context), build_args={"BASE_IMAGE": "base:1"})
+    ref = f"ghcr.io/acme/t:{tag}"
+    build, push, last = result.stdout.strip().splitlines()
+    head = ["buildah", "bud", "--layers"] if tool == "buildah" else [tool, "build"]
+    assert shlex.split(build) == [
+        *head, "--file", f"{context}/Dockerfile", "--tag", ref, "--build-arg", "BASE_IMAGE=base:1",
+        "--build-arg", f"ORCH_VERSION={images.__version__}", str(context),
+    ]  # fmt: skip
+    assert shlex.split(push) == [tool, "push", ref]
+    assert last == ref
+
+
+def test_dry_run_of_the_repo_passes_revision_and_is_stable() -> None:
+    first = orch("build", "--dry-run", "--tool", "podman", cwd=REPO_ROOT)
+    second = orch("build", "--dry-run", "--tool", "podman", cwd=REPO_ROOT)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert first.stdout.strip().splitlines()[-1].startswith("localhost/orch-trainer:")
+    revision = images.git_revision(str(REPO_ROOT))
+    if revision:
+        assert f"VCS_REF={revision}" in first.stdout
+
+
+def test_explicit_tag_wins(context: Path) -> None:
+    result = orch("build", str(context), "--tag", "v1", "--tool", "docker", "--dry-run")
+    assert result.stdout.strip().splitlines()[-1] == "localhost/orch-trainer:v1"
+
+
+def test_no_build_tool_is_a_clear_error(context: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "build", str(context)], capture_output=True,
+                            text=True, env={**os.environ, "PATH": str(empty)})  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: no image build tool found: install docker, podman or buildah (or pass --dry-run to see the command)"
+    )
+
+
+def test_docker_without_a_daemon_is_a_clear_error(context: Path, tmp_path: Path) -> None:
+    docker = require_tool("docker")
+    only_docker = tmp_path / "bin"
+    only_docker.mkdir()
+    (only_docker / "docker").symlink_to(docker)
+    env = {**os.environ, "PATH": str(only_docker), "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
+    auto = subprocess.run([sys.executable, "-m", "orchestrator", "build", str(context)], capture_output=True,
+                          text=True, env=env, timeout=60)  # fmt: skip
+    assert auto.returncode == 1
+    assert auto.stderr.startswith("error: docker is installed but its daemon is not reachable")
+    explicit = subprocess.run([sys.executable, "-m", "orchestrator", "build", str(context), "--tool", "docker"],
+                              capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert explicit.returncode == 1
+    assert explicit.stderr.strip().splitlines()[-1].startswith("error: docker: daemon not reachable")
+    assert "Traceback" not in explicit.stderr
+
+
+def test_missing_dockerfile_is_a_usage_error(tmp_path: Path) -> None:
+    result = orch("build", str(tmp_path), "--tool", "buildah")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: Dockerfile '{tmp_path}/Dockerfile' not found (pass --file)"
+
+
+class _RefusingRegistry(http.server.BaseHTTPRequestHandler):
+    """Answers every request as a registry does for a client without push rights."""
+
+    def _deny(self) -> None:
+        body = b'{"errors":[{"code":"DENIED","message":"requested access to the resource is denied"}]}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        self.send_header("WWW-Authenticate", 'Basic realm="test"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _deny
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_push_denied_is_a_clear_error(tmp_path: Path, buildah_env: dict[str, str]) -> None:
+    """A real `buildah push` of a FROM-scratch image to a registry that refuses it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingRegistry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registry = f"127.0.0.1:{server.server_address[1]}"
+    registries_conf = tmp_path / "registries.conf"
+    registries_conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello /hello\n")
+    (ctx / "hello").write_text("hi\n")
+    try:
+        result = orch("build", str(ctx), "--tool", "buildah", "--image", f"{registry}/team/trainer", "--push",
+                      env={**buildah_env, "CONTAINERS_REGISTRIES_CONF": str(registries_conf)})  # fmt: skip
+    finally:
+        server.shutdown()
+    assert result.returncode == 1, result.stderr
+    tag = images.context_tag(str(ctx))
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: push of {registry}/team/trainer:{tag} denied by the registry: log in "
+        f"(`buildah login {registry}`) or choose a repository you can write to with --image"
+    )
