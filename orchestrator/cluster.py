@@ -780,3 +780,95 @@ def _no_pods_message(name: str, pod: str | None, rank: int | None) -> str:
     if rank is not None:
         return f"job {name} has no pod with rank {rank} (yet)"
     return f"job {name} has no pods yet"
+
+
+# --- doctor ------------------------------------------------------------------------------------------------
+# The cluster side of `orch doctor` (owned by the images/doctor work): read-only probes that return plain
+# data; orchestrator/doctor.py judges it. Discovery, not CRD reads: most users may not read CRDs.
+
+NODE = Resource("", "v1", "nodes", "Node")
+SELF_SUBJECT_ACCESS_REVIEW = Resource(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
+MONITORING_GROUP, MONITORING_VERSION = "monitoring.coreos.com", "v1"
+
+
+def doctor_probe(
+    *, namespace: str | None = None, context: str | None = None, kubeconfig: str | None = None
+) -> dict[str, Any]:
+    """What `orch doctor --cluster` needs to know, as plain data:
+
+    server, version, namespace; pytorchjob_versions (kubeflow.org versions that serve pytorchjobs);
+    monitoring_resources (monitoring.coreos.com/v1 resources); nodes ([{name, gpus, product}], or None
+    with nodes_error when listing nodes is forbidden); can_create_pytorchjobs (True/False, or None with
+    access_error) and access_reason.
+    Raises ClusterError (ClusterUnreachable, KubeconfigError...) when the cluster cannot be reached at all.
+    """
+    from kubernetes import client
+
+    cluster = connect(Target(kubeconfig=kubeconfig, context=context, namespace=namespace))
+    version_resource = Resource("", "", "version", "Version")
+    version = _json(
+        cluster._call("get", version_resource, None, client.VersionApi(cluster.api_client).get_code)
+    )
+    facts: dict[str, Any] = {
+        "server": cluster.server,
+        "version": version.get("gitVersion"),
+        "namespace": cluster.namespace,
+    }
+    # Training Operator v1 is the only API that serves kubeflow.org pytorchjobs (Trainer v2 has TrainJob).
+    facts["pytorchjob_versions"] = ["v1"] if cluster.served(PYTORCHJOB) else []
+    try:
+        raw = cluster._call(
+            "get", PODMONITOR, None, cluster.custom.get_api_resources, MONITORING_GROUP, MONITORING_VERSION
+        )
+        facts["monitoring_resources"] = sorted(
+            r["name"] for r in _json(raw).get("resources") or [] if "/" not in r["name"]
+        )
+    except NotFound:
+        facts["monitoring_resources"] = []
+    try:
+        nodes = _json(cluster._call("list", NODE, None, cluster.core.list_node)).get("items") or []
+        facts["nodes"] = [
+            {
+                "name": n["metadata"]["name"],
+                "gpus": int(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)),
+                "product": (n["metadata"].get("labels") or {}).get(GPU_PRODUCT_LABEL),
+            }
+            for n in nodes
+        ]
+    except Forbidden as e:
+        facts["nodes"], facts["nodes_error"] = None, str(e)
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "group": PYTORCHJOB.group,
+                "resource": PYTORCHJOB.plural,
+                "verb": "create",
+                "namespace": cluster.namespace,
+            }
+        },
+    }
+    authorization = client.AuthorizationV1Api(cluster.api_client)
+    try:
+        answer = (
+            _json(
+                cluster._call(
+                    "create",
+                    SELF_SUBJECT_ACCESS_REVIEW,
+                    None,
+                    authorization.create_self_subject_access_review,
+                    review,
+                )
+            ).get("status")
+            or {}
+        )
+        facts["can_create_pytorchjobs"] = bool(answer.get("allowed"))
+        facts["access_reason"] = answer.get("reason") or ""
+    except ClusterError as e:
+        facts["can_create_pytorchjobs"], facts["access_error"] = None, str(e)
+    return facts

@@ -1,0 +1,115 @@
+"""`orch doctor --cluster` against the Kubernetes API emulator (tests/cluster/conftest.py), over real HTTP
+with the official client. The emulator has no authorizer, so the test answers the
+SelfSubjectAccessReview as the API server would; discovery, nodes and 403s are the emulator's own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kmock")
+
+from orchestrator import doctor  # noqa: E402
+from orchestrator.doctor import FAIL, OK, WARN  # noqa: E402
+from tests.cluster.conftest import Kube, kmock, serve, write_kubeconfig  # noqa: E402
+
+ORCH = str(Path(sys.executable).with_name("orch"))
+NODES = "v1/nodes"
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def gpu_node(name: str, gpus: int, product: str | None) -> dict:
+    labels = {"nvidia.com/gpu.product": product} if product else {}
+    allocatable = {"cpu": "64", "memory": "512Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": allocatable}}  # fmt: skip
+
+
+def prepare(kube: Kube, *, nodes: list[dict], allowed: bool | None) -> None:
+    def setup() -> None:
+        k = kube.emulator
+        k.resources[NODES] = kmock.ResourceInfo(kind="Node", namespaced=False, verbs={"list", "get"})
+        k.resources["monitoring.coreos.com/v1/prometheusrules"] = kmock.ResourceInfo(
+            kind="PrometheusRule", namespaced=True, verbs={"create"}
+        )
+        for node in nodes:
+            k.objects[NODES, None, node["metadata"]["name"]] = node
+        if allowed is not None:
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                      "status": {"allowed": allowed, **({} if allowed else {"reason": "no RBAC rule"})}}  # fmt: skip
+            k[f"post {SSAR_PATH}"] << review
+
+    kube._on_loop(setup)
+
+
+def run(kube: Kube, tmp_path: Path) -> dict[str, doctor.Check]:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", kube.url, contexts={"dev": "team-a"}, current="dev"
+    )
+    return {c.name: c for c in doctor.cluster_checks(kubeconfig=str(kubeconfig))}
+
+
+def test_healthy_cluster(tmp_path: Path) -> None:
+    with serve() as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, "NVIDIA-H200"), gpu_node("gpu-2", 8, "NVIDIA-H200"),
+                             gpu_node("cpu-1", 0, None)], allowed=True)  # fmt: skip
+        checks = run(kube, tmp_path)
+        review = kube.requests("post", SSAR_PATH)[0].data
+    assert {name: c.status for name, c in checks.items()} == {
+        "cluster": OK, "PyTorchJob CRD": OK, "Prometheus Operator CRDs": OK, "GPU nodes": OK, "permissions": OK,
+    }  # fmt: skip
+    assert checks["PyTorchJob CRD"].detail == "kubeflow.org v1"
+    assert checks["Prometheus Operator CRDs"].detail == "podmonitors, prometheusrules"
+    assert checks["GPU nodes"].detail == "2 node(s): 16 x NVIDIA-H200"
+    assert checks["permissions"].detail == "may create pytorchjobs in namespace team-a"
+    assert review["spec"]["resourceAttributes"] == {
+        "group": "kubeflow.org", "resource": "pytorchjobs", "verb": "create", "namespace": "team-a",
+    }  # fmt: skip
+
+
+def test_missing_operator_gpus_and_rights(tmp_path: Path) -> None:
+    with serve(operator=False, prometheus_operator=False) as kube:
+        prepare(kube, nodes=[gpu_node("cpu-1", 0, None)], allowed=False)
+        checks = run(kube, tmp_path)
+    crd = checks["PyTorchJob CRD"]
+    assert (crd.status, crd.detail) == (FAIL, "pytorchjobs.kubeflow.org is not installed")
+    assert "training-operator" in crd.fix
+    assert checks["Prometheus Operator CRDs"].status == WARN
+    assert checks["GPU nodes"].status == FAIL
+    assert checks["GPU nodes"].detail == "none of 1 node(s) has nvidia.com/gpu allocatable"
+    assert checks["permissions"].status == FAIL
+    assert checks["permissions"].detail == "you may not create pytorchjobs in namespace team-a (no RBAC rule)"
+
+
+def test_forbidden_node_list_is_a_warning(tmp_path: Path) -> None:
+    with serve() as kube:
+        prepare(kube, nodes=[], allowed=True)
+        kube.fail("get", "/api/v1/nodes", 403, times=10, message='nodes is forbidden: User "x" cannot list')
+        checks = run(kube, tmp_path)
+    assert checks["GPU nodes"].status == WARN and checks["GPU nodes"].detail.startswith("cannot list nodes")
+
+
+def test_unreachable_cluster_is_one_fail_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_API_RETRIES", "0")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", contexts={"dev": None},
+                                  current="dev")  # fmt: skip
+    checks = doctor.cluster_checks(kubeconfig=str(kubeconfig))
+    assert [(c.name, c.status) for c in checks] == [("cluster", FAIL)]
+    assert "cannot reach the Kubernetes API" in checks[0].detail
+
+
+def test_doctor_cluster_command(tmp_path: Path) -> None:
+    """The console script, so main() turns the FAIL into exit code 1 as for a user."""
+    with serve(operator=False) as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 4, "NVIDIA-A100-SXM4-80GB")], allowed=True)
+        kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": "ml"}, current="dev")
+        result = subprocess.run([ORCH, "doctor", "--cluster", "--kubeconfig", str(kubeconfig)],
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1, result.stderr  # the missing PyTorchJob CRD
+    assert "FAIL  PyTorchJob CRD" in result.stdout
+    assert "fix: install the Kubeflow Training Operator" in result.stdout
+    assert "OK    GPU nodes" in result.stdout and "4 x NVIDIA-A100-SXM4-80GB" in result.stdout
