@@ -55,8 +55,15 @@ def init() -> Dist:
     if not env.get("MASTER_ADDR"):  # a plain `python -m orchestrator.trainer`: a group of one
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(_free_port()))
+    restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # The store torch's env:// rendezvous connects to (torchrun's agent store when launched by torchrun)
+    # outlives an elastic restart, and the previous attempt's keys (the dead workers' gloo addresses) are
+    # still in it: a restarted group reading them fails with "connection refused". Namespace every key
+    # by attempt.
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT))
     dist.init_process_group(
         backend,
+        store=dist.PrefixStore(f"orch/attempt-{restart_count}", store),
         rank=rank,
         world_size=world_size,
         timeout=COLLECTIVE_TIMEOUT,
@@ -68,7 +75,7 @@ def init() -> Dist:
         local_rank=local_rank,
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
         node_rank=int(env.get("GROUP_RANK", "0")),
-        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        restart_count=restart_count,
         device=device,
     )
 

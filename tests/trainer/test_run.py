@@ -153,3 +153,21 @@ def test_default_output_directory(tmp_path):
     spec = loading.load_job(str(write_job(tmp_path, job("named"))))
     plan = local.plan(spec, now=datetime(2026, 1, 2, 3, 4, 5))
     assert plan.output_dir == Path("runs/named-20260102-030405")
+
+
+def test_command_jobs_run_under_the_launcher_with_the_job_environment(tmp_path):
+    script = (
+        "import os, pathlib; "
+        "pathlib.Path(os.environ['ORCH_OUTPUT_DIR'], 'rank-' + os.environ['RANK']).write_text("
+        "os.environ['WORLD_SIZE'] + ' ' + os.environ['ORCH_JOB_NAME'] + ' ' + os.environ['GREETING'])"
+    )
+    spec = {"name": "byo", "nodes": 1, "procs_per_node": 2, "command": ["python", "-c", script],
+            "env": {"GREETING": "hello"}}  # fmt: skip
+    job_file = tmp_path / "byo.yaml"
+    job_file.write_text(yaml.safe_dump(spec))
+    run = orch_run(job_file, tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    assert {p.name: p.read_text() for p in (tmp_path / "out").glob("rank-*")} == {
+        "rank-0": "2 byo hello",
+        "rank-1": "2 byo hello",
+    }

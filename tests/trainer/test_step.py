@@ -56,7 +56,7 @@ def run_steps(model, precision_name: str, steps: int, accumulation: int, poison=
             model, optimizer, scaler, data, accumulation=accumulation, loss_fn=nn.functional.mse_loss,
             autocast=autocast, grad_clip=1.0, device=torch.device("cpu"),
         )  # fmt: skip
-        changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         rows.append((result.updated, changed, scale_before, scaler.get_scale()))
     return rows
 

@@ -1,0 +1,139 @@
+"""Faults: a rank SIGKILLed mid-run, resuming (once, twice), Ctrl-C. Real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import ORCH, REPO, Run, assert_same_params, job, orch_run, write_job
+
+pytestmark = pytest.mark.slow
+
+# 2 "nodes" x 1 process: the spec allows elastic restarts only for multi-node jobs; locally both are ours.
+ELASTIC = {"min_nodes": 1, "max_nodes": 2, "max_restarts": 1}
+
+
+def fault_job(name: str, *, sample_delay: float = 0.0) -> dict:
+    """30 steps, a checkpoint every 10 (all kept). The delay slows the input only: same mathematics."""
+    return job(
+        name,
+        nodes=2,
+        elastic=ELASTIC,
+        max_steps=30,
+        log_every=5,
+        checkpoint={"every_steps": 10, "keep": 5},
+        task_args={"samples": 256, "eval_samples": 64, "sample_delay": sample_delay},
+        optimizer={"name": "adamw", "lr": 0.01},  # optimizer state must survive the restart too
+    )
+
+
+def worker_pids(out: Path) -> dict[int, int]:
+    """RANK -> pid of the trainer processes writing to `out` (read from /proc: they are our children)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = dict(
+                item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
+            )
+            cmdline = (entry / "cmdline").read_text()
+        except OSError:
+            continue
+        if environ.get("ORCH_OUTPUT_DIR") == str(out.resolve()) and "orchestrator.trainer" in cmdline:
+            found[int(environ["RANK"])] = int(entry.name)
+    return found
+
+
+def wait_for(condition, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Run:
+    """An uninterrupted run: the result every faulty run must reproduce."""
+    tmp = tmp_path_factory.mktemp("reference")
+    run = orch_run(write_job(tmp, fault_job("reference")), tmp / "out")
+    assert run.returncode == 0, run.stderr
+    return run
+
+
+def test_sigkill_of_a_rank_restarts_from_the_last_checkpoint(tmp_path, reference):
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [*ORCH, "run", str(write_job(tmp_path, fault_job("killed", sample_delay=0.004))), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = out / "checkpoints" / "step-00000010.pt"
+    wait_for(first.exists, what="the step-10 checkpoint")
+    pids = worker_pids(out)
+    assert set(pids) == {0, 1}
+    os.kill(pids[1], signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=180)
+    assert process.returncode == 0, stderr
+    summary = Run(0, stdout, stderr, out).summary
+    assert summary["restarts"] == 1
+    assert summary["resumed_from_step"] in (10, 20)  # the newest checkpoint when rank 1 died
+    assert "resumed from" in stdout
+    assert_same_params(reference.state_dict(), Run(0, "", "", out).state_dict())
+
+
+def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, reference):
+    spec_file = write_job(tmp_path, fault_job("resume"))
+
+    def run_from(checkpoint_file: Path, name: str) -> Run:
+        out = tmp_path / name
+        (out / "checkpoints").mkdir(parents=True)
+        shutil.copy(checkpoint_file, out / "checkpoints")
+        run = orch_run(spec_file, out)
+        assert run.returncode == 0, run.stderr
+        return run
+
+    once = run_from(reference.out / "checkpoints" / "step-00000010.pt", "once")  # 10 -> 30
+    assert once.summary["resumed_from_step"] == 10
+    # Resume again from a checkpoint that a resumed run wrote: 10 -> 20 (run "once"), then 20 -> 30.
+    twice = run_from(once.out / "checkpoints" / "step-00000020.pt", "twice")
+    assert twice.summary["resumed_from_step"] == 20
+    assert_same_params(reference.state_dict(), once.state_dict())
+    assert_same_params(once.state_dict(), twice.state_dict())
+    assert twice.summary["final_loss"] == pytest.approx(reference.summary["final_loss"], rel=1e-6)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    out = tmp_path / "out"
+    spec = job("interrupt", max_steps=100000, task_args={"samples": 256, "sample_delay": 0.002})
+    process = subprocess.Popen(
+        [*ORCH, "run", str(write_job(tmp_path, spec)), "--out", str(out), "--procs", "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: len(worker_pids(out)) == 2, what="both ranks")
+    pids = worker_pids(out)
+    time.sleep(1)  # into the loop
+    process.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launcher
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "error: interrupted: stopped all 2 processes"
+    for pid in pids.values():
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_orch_run_help_does_not_import_torch():
+    code = "import sys, orchestrator.local, orchestrator.commands.run_cmd; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
