@@ -100,25 +100,33 @@ class Run:
     report: dict[str, Any]
     wall_seconds: float
     scrapes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    cpu_seconds: list[float] = field(default_factory=list)
+    """CPU seconds of rank 0's process over the same steps: what the loop costs, whatever the load."""
 
     @property
     def median_step(self) -> float:
         return statistics.median(self.step_seconds)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu_seconds)
 
 
 class BenchError(RuntimeError):
     pass
 
 
-def step_periods(times: Sequence[float], accumulation: int, warmup: int) -> list[float]:
-    """Optimizer step durations from the times of every micro-step's loss call.
-
-    Step k starts at micro-step k*accumulation; its duration is the gap to the start of step k+1. The
-    first `warmup` steps (DDP bucket rebuild, allocator and cache warm-up) are dropped.
-    """
-    starts = list(times[::accumulation])
-    return [b - a for a, b in zip(starts[warmup:], starts[warmup + 1 :], strict=False)]
+def step_periods(
+    report: dict[str, Any], warmup: int, turn_steps: int | None = None, clock: str = "step"
+) -> list[float]:
+    """Optimizer step durations from the clock: from one step's start (after any turn wait) to the next's
+    start (before its wait). The first `warmup` steps (DDP bucket rebuild, allocator and cache warm-up)
+    and, when taking turns, the first step of each turn are left out. `clock`: "step" for wall seconds,
+    "cpu" for the CPU seconds rank 0's process used over the same intervals."""
+    pre, post = report[f"{clock}_pre"], report[f"{clock}_post"]
+    return [
+        pre[k + 1] - post[k] for k in range(warmup, len(pre) - 1) if not (turn_steps and k % turn_steps == 0)
+    ]
 
 
 def run_training(
@@ -130,43 +138,116 @@ def run_training(
     scrape_port: int | None = None,
     timeout: float = 300,
 ) -> Run:
-    """Run one training command with a fresh clock directory; optionally scrape /metrics every second."""
+    """Run one training command on its own, with a fresh clock directory; optionally scrape /metrics."""
+    runs = run_in_turns({"run": (cmd, env, scrape_port)}, accumulation=accumulation, warmup=warmup,
+                        turn_steps=None, timeout=timeout)  # fmt: skip
+    return runs["run"]
+
+
+def run_in_turns(
+    loops: dict[str, tuple[list[str], dict[str, str], int | None]],
+    *,
+    accumulation: int,
+    warmup: int,
+    turn_steps: int | None,
+    timeout: float = 600,
+) -> dict[str, Run]:
+    """Start every loop at once; with `turn_steps`, they take turns of that many optimizer steps.
+
+    `loops`: name -> (command, env, metrics port to scrape every second during that loop's turns).
+    """
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
-        env = dict(env, ORCH_BENCH_DIR=tmp, ORCH_OUTPUT_DIR=str(Path(tmp) / "out"))
-        stop, scrapes = threading.Event(), [0]
-        scraper = None
-        if scrape_port:
-            scraper = threading.Thread(target=_scrape, args=(scrape_port, stop, scrapes), daemon=True)
-            scraper.start()
-        started = time.perf_counter()
-        proc = subprocess.run(
-            cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        wall = time.perf_counter() - started
-        stop.set()
-        if scraper:
-            scraper.join()
-        report_path = Path(tmp) / "rank0.json"
-        if proc.returncode != 0 or not report_path.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-            raise BenchError(f"{' '.join(cmd[-4:])} failed (exit {proc.returncode}):\n{tail}")
-        report = json.loads(report_path.read_text())
-    times = report.get("cuda_seconds") or report["loss_calls"]
-    periods = step_periods(times, accumulation, warmup)
-    if len(periods) < 3:
-        raise BenchError(f"only {len(periods)} timed steps; raise the step count")
-    return Run(step_seconds=periods[:-1] or periods, report=report, wall_seconds=wall, scrapes=scrapes[0])
-
-
-def _scrape(port: int, stop: threading.Event, count: list[int]) -> None:
-    """Prometheus' job, more often than it would do it (every second instead of every 15 s)."""
-    while not stop.wait(1.0):
+        root = Path(tmp)
+        names = list(loops)
+        if turn_steps:
+            (root / "turn.json").write_text(json.dumps(
+                {"order": names, "turn": names[0], "visits": {n: int(n == names[0]) for n in names}, "done": []}
+            ))  # fmt: skip
+        procs: dict[str, subprocess.Popen] = {}
+        logs: dict[str, Any] = {}
+        stop, scrapes = threading.Event(), {name: [0] for name in names}
         try:
+            for index, (name, (cmd, env, _)) in enumerate(loops.items()):
+                out = root / f"loop{index}"
+                out.mkdir()
+                env = dict(env, ORCH_BENCH_DIR=str(out), ORCH_OUTPUT_DIR=str(out / "out"),
+                           ORCH_BENCH_ACCUMULATION=str(accumulation))  # fmt: skip
+                if turn_steps:
+                    env.update(
+                        ORCH_BENCH_GATE_DIR=tmp, ORCH_BENCH_LOOP=name, ORCH_BENCH_TURN_STEPS=str(turn_steps)
+                    )
+                logs[name] = open(out / "log.txt", "w+")  # noqa: SIM115 (closed below)
+                procs[name] = subprocess.Popen(
+                    cmd, env=env, cwd=out, stdout=logs[name], stderr=subprocess.STDOUT
+                )
+            scrapers = [
+                threading.Thread(
+                    target=_scrape, args=(port, stop, scrapes[name], root / "turn.json", name), daemon=True
+                )
+                for name, (_, _, port) in loops.items()
+                if port
+            ]
+            for scraper in scrapers:
+                scraper.start()
+            started, deadline = time.perf_counter(), time.monotonic() + timeout
+            walls: dict[str, float] = {}
+            while len(walls) < len(procs):
+                for name, proc in procs.items():
+                    if name in walls or proc.poll() is None:
+                        continue
+                    walls[name] = time.perf_counter() - started
+                    if proc.returncode != 0:
+                        raise BenchError(f"{name}: {' '.join(loops[name][0][-4:])} failed (exit {proc.returncode}):\n"
+                                         + _tail(logs[name]))  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise BenchError(
+                        f"timed out after {timeout:.0f} s: " + ", ".join(set(procs) - set(walls))
+                    )
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for log in logs.values():
+                log.close()
+        runs = {}
+        for index, name in enumerate(names):
+            report = json.loads((root / f"loop{index}" / "rank0.json").read_text())
+            if report.get("cuda_seconds"):  # on GPU the events are the clock: the device's own timeline
+                report["step_pre"] = report["step_post"] = report["cuda_seconds"][::accumulation]
+            periods = step_periods(report, warmup, turn_steps)
+            if len(periods) < 3:
+                raise BenchError(f"{name}: only {len(periods)} timed steps; raise the step count")
+            cpu = step_periods(report, warmup, turn_steps, clock="cpu") if report.get("cpu_pre") else []
+            runs[name] = Run(step_seconds=periods, report=report, wall_seconds=walls[name], scrapes=scrapes[name][0],
+                             cpu_seconds=cpu)  # fmt: skip
+        return runs
+
+
+def _tail(log: Any, lines: int = 15) -> str:
+    log.flush()
+    log.seek(0)
+    return "\n".join(log.read().splitlines()[-lines:])
+
+
+def _scrape(port: int, stop: threading.Event, count: list[int], turn_file: Path, name: str) -> None:
+    """Prometheus' job, more often than it would do it (every second instead of every 15 s), and only
+    while this loop has the turn (a scrape costs the scraped process CPU time)."""
+    last = 0.0
+    while not stop.wait(0.02):
+        try:
+            if time.monotonic() - last < 1.0:
+                continue
+            if turn_file.exists() and json.loads(turn_file.read_text())["turn"] != name:
+                continue
+            last = time.monotonic()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
                 if b"orch_" in response.read():
                     count[0] += 1
-        except OSError:
-            pass  # not serving yet (start-up) or already gone
+        except (OSError, ValueError):
+            pass  # not serving yet (start-up), already gone, or the turn file mid-replace
 
 
 def median(values: Sequence[float]) -> float:

@@ -11,6 +11,14 @@ When `ORCH_BENCH_COUNT_COMM=1`, importing this module also wraps DDP so that eve
 goes through a counting communication hook (the default all-reduce, counted), and wraps
 `torch.distributed.all_reduce` to count other all-reduces (for example a loss averaged for a log line).
 Each rank writes what it saw to `$ORCH_BENCH_DIR/rank<RANK>.json` when the process exits.
+
+Turns (`ORCH_BENCH_GATE_DIR`): on a shared machine the load changes from one second to the next, so
+loops measured one after the other see different machines. Instead, the loops being compared start
+together and take turns: a loop runs `ORCH_BENCH_TURN_STEPS` optimizer steps, hands the turn to the next
+loop and waits (in its first micro-step's loss call, so at the same point in every loop) until the turn
+comes back. Only one loop computes at a time, and all of them sample the same minutes of load. A step's
+time is measured from just after a wait to just before the next one, so no wait is ever counted; the
+first step after each wait (cold caches, the previous loop's last rank finishing) is left out.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from orchestrator.trainer.tasks import Task, build_task
 
 _STATE: dict[str, Any] = {
     "loss_calls": [],  # wall-clock seconds (time.time) of each training micro-step's loss call
+    "step_pre": [],  # each optimizer step's first loss call, before its turn gate
+    "step_post": [],  # ... and after it (the same when not taking turns)
+    "cpu_pre": [],  # the same two points in CPU seconds of this process (all its threads)
+    "cpu_post": [],
     "cuda_events": [],  # on GPU: one CUDA event per training micro-step, read once at exit (no syncs)
     "grad_allreduce_calls": 0,
     "grad_allreduce_bytes": 0,
@@ -37,14 +49,30 @@ _STATE: dict[str, Any] = {
 
 
 class StepClock:
-    """Wraps a loss function; records when each training (grad-enabled) micro-step reaches its loss."""
+    """Wraps a loss function; records when each training (grad-enabled) micro-step reaches its loss.
+
+    With the accumulation known (`ORCH_BENCH_ACCUMULATION`), also records each optimizer step's start
+    before and after its turn gate (`step_pre`, `step_post`; equal when the loop is not taking turns).
+    """
 
     def __init__(self, loss_fn: Any, use_cuda_events: bool) -> None:
         self.loss_fn, self.use_cuda_events = loss_fn, use_cuda_events
+        self.accumulation = int(os.environ.get("ORCH_BENCH_ACCUMULATION", "1"))
+        self.gate = Gate.from_env()
 
     def __call__(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # evaluation runs under no_grad: not a training step
-            _STATE["loss_calls"].append(time.time())
+            now = time.time()
+            calls = _STATE["loss_calls"]
+            if len(calls) % self.accumulation == 0:  # the first micro-step of an optimizer step
+                step = len(calls) // self.accumulation
+                _STATE["step_pre"].append(now)
+                _STATE["cpu_pre"].append(time.process_time())
+                if self.gate:
+                    self.gate.wait_turn(step)
+                _STATE["step_post"].append(time.time())
+                _STATE["cpu_post"].append(time.process_time())
+            calls.append(now)
             if self.use_cuda_events:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
@@ -52,8 +80,79 @@ class StepClock:
         return self.loss_fn(outputs, targets)
 
 
+class Gate:
+    """Turn-taking between loops through one small JSON file; only the turn's holder (rank 0) writes it.
+
+    turn.json: {"order": [loop names], "turn": name, "visits": {name: turns given}, "done": [names]}.
+    A loop's gate number g (at optimizer step g * turn_steps) opens when the turn is the loop's own and
+    it has been given the turn g + 1 times. Rank 0 hands the turn on first (from gate 1 on).
+    """
+
+    POLL_SECONDS = 0.02  # fast enough for turns of ~0.1-1 s, rare enough to cost nothing
+
+    def __init__(self, directory: Path, name: str, turn_steps: int, rank: int) -> None:
+        self.path, self.name, self.turn_steps, self.rank = directory / "turn.json", name, turn_steps, rank
+
+    @classmethod
+    def from_env(cls) -> Gate | None:
+        directory = os.environ.get("ORCH_BENCH_GATE_DIR")
+        if not directory:
+            return None
+        gate = cls(Path(directory), os.environ["ORCH_BENCH_LOOP"], int(os.environ["ORCH_BENCH_TURN_STEPS"]),
+                   int(os.environ.get("RANK", "0")))  # fmt: skip
+        if gate.rank == 0:
+            atexit.register(gate.finish)
+        return gate
+
+    def wait_turn(self, step: int) -> None:
+        if step % self.turn_steps:
+            return
+        number = step // self.turn_steps
+        if number > 0 and self.rank == 0:
+            self._hand_on(self._read())
+        deadline = time.monotonic() + 600
+        while True:
+            state = self._read()
+            if state["turn"] == self.name and state["visits"][self.name] >= number + 1:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"benchmark turn never came back to {self.name}: {state}")
+            time.sleep(self.POLL_SECONDS)
+
+    def finish(self) -> None:
+        """At exit: leave the rotation, and hand the turn on if this loop holds it."""
+        state = self._read()
+        state["done"].append(self.name)
+        if state["turn"] == self.name:
+            self._hand_on(state)
+        else:
+            self._write(state)
+
+    def _hand_on(self, state: dict[str, Any]) -> None:
+        order = state["order"]
+        start = order.index(self.name)
+        for offset in range(1, len(order) + 1):  # the next loop still running; this one when none is
+            candidate = order[(start + offset) % len(order)]
+            if candidate not in state["done"] or candidate == self.name:
+                break
+        state["turn"] = candidate
+        state["visits"][candidate] += 1
+        self._write(state)
+
+    def _read(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text())
+
+    def _write(self, state: dict[str, Any]) -> None:
+        tmp = self.path.with_name(f".turn.{self.name}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)  # atomic: a reader sees the old or the new file, never half of one
+
+
 def timed(inner: str = "synthetic", **inner_args: Any) -> Task:
     """Build the built-in task `inner` with `inner_args` and put a StepClock on its loss."""
+    if os.environ.get("ORCH_BENCH_PIN") == "1" and hasattr(os, "sched_setaffinity"):
+        # rank r on core r, in every loop alike: which core a rank lands on is not left to chance
+        os.sched_setaffinity(0, {int(os.environ.get("LOCAL_RANK", "0")) % (os.cpu_count() or 1)})
     task = build_task(inner, inner_args)
     task.loss_fn = StepClock(task.loss_fn, use_cuda_events=torch.cuda.is_available())
     _STATE["flops_per_sample"], _STATE["tokens_per_sample"] = task.flops_per_sample, task.tokens_per_sample
