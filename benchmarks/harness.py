@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -256,12 +257,23 @@ def median(values: Sequence[float]) -> float:
 
 def timed_process(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
     """Wall seconds of one fresh process, which must succeed."""
+    return timed_process_cpu(cmd, env, cwd)[0]
+
+
+def timed_process_cpu(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[float, float]:
+    """(wall, CPU) seconds of one fresh process, which must succeed. CPU = user + system time of the
+    process and its children: what it costs whatever else the machine is doing."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise BenchError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
