@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -41,3 +43,11 @@ def fails_on_rank(rank: int) -> Task:
 
 def not_a_task() -> dict:
     return {"model": None}
+
+
+def env_probe(names: list[str]) -> Task:
+    """Records what the trainer's environment holds when the task is built (rank 0), then trains as synthetic."""
+    if os.environ["RANK"] == "0":
+        values = {name: os.environ.get(name) for name in names}
+        Path(os.environ["ORCH_OUTPUT_DIR"], "env.json").write_text(json.dumps(values))
+    return synthetic.make(samples=256)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +49,8 @@ def test_each_local_example_runs(example, tmp_path):
 
 def test_equivalence_across_world_sizes_and_accumulation(run_job):
     """fp32: 1 x accumulation 4, 2 x 2 and 4 x 1 see the same 16 samples per step: same weights."""
-    spec = job("equal", precision="fp32", max_steps=8, batch_size=16, micro_batch_size=4)
+    spec = job("equal", precision="fp32", max_steps=8, batch_size=16, micro_batch_size=4,
+               checkpoint={"every_steps": 4, "keep": 2})  # fmt: skip
     runs = {procs: run_job(spec, "--procs", str(procs)) for procs in (1, 2, 4)}
     for procs, run in runs.items():
         assert run.returncode == 0, run.stderr
@@ -55,10 +59,12 @@ def test_equivalence_across_world_sizes_and_accumulation(run_job):
     # Different reduction orders (micro-batch sums vs all-reduce) differ in the last bits only.
     assert_same_params(one, runs[2].state_dict(), rtol=1e-5, atol=1e-6)
     assert_same_params(one, runs[4].state_dict(), rtol=1e-5, atol=1e-6)
-    # ... and the tolerance is tight enough to notice a different batch: another seed moves the weights.
-    other = run_job({**spec, "train": {**spec["train"], "seed": 1}}, "--procs", "1")
+    # ... a tolerance that notices far less than the last optimizer steps: steps 5..8 move the weights.
+    import torch
+
+    step4 = torch.load(runs[1].out / "checkpoints" / "step-00000004.pt", weights_only=True)["model"]
     with pytest.raises(AssertionError):
-        assert_same_params(one, other.state_dict(), rtol=1e-5, atol=1e-6)
+        assert_same_params(one, step4, rtol=1e-5, atol=1e-6)
 
 
 def test_procs_that_do_not_divide_the_batch_are_refused(run_job):
@@ -80,10 +86,17 @@ def test_a_failing_rank_is_reported_with_its_error(run_job):
     assert "deliberate failure on rank 1" in last
 
 
-def test_a_task_factory_that_returns_something_else_is_a_clear_error(run_job):
-    run = run_job(job("bad", task="tests.trainer.plugin_tasks:not_a_task", task_args={}))
-    assert run.returncode == 1
-    assert "returned dict, not orchestrator.trainer.tasks.Task" in run.stderr.strip().splitlines()[-1]
+def test_task_factories_that_do_not_fit_are_clear_errors():
+    from orchestrator.trainer.tasks import build_task
+
+    with pytest.raises(ValueError, match="returned dict, not orchestrator.trainer.tasks.Task"):
+        build_task("tests.trainer.plugin_tasks:not_a_task", {})
+    with pytest.raises(
+        ValueError, match="task_args do not fit task 'digits'.*unexpected keyword argument 'layers'"
+    ):
+        build_task("digits", {"layers": 3})
+    with pytest.raises(ValueError, match="cannot import tests.trainer.nowhere:make"):
+        build_task("tests.trainer.nowhere:make", {})
 
 
 def nan_job(name: str, **train) -> dict:
@@ -126,9 +139,18 @@ def test_fp16_overflow_is_skipped_and_counted(run_job):
     assert run.summary["loss_scale"] == 32768.0  # 2**16 halved once
 
 
-def test_training_job_output_layout(run_job, tmp_path):
+def test_training_job_output_layout_and_plain_log_lines(run_job, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = tmp_path / "layout"
-    run = run_job(job("layout", eval_every=6, checkpoint={"every_steps": 4, "keep": 2}), out=out)
+    spec = job(
+        "layout",
+        task="tests.trainer.plugin_tasks:env_probe",  # the synthetic task, recording the trainer's env
+        task_args={"names": ["PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS"]},
+        eval_every=6,
+        checkpoint={"every_steps": 4, "keep": 2},
+    )
+    run = run_job(spec, "--procs", "2", out=out)
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000008.pt", "step-00000012.pt"]
     summary = run.summary
@@ -142,6 +164,24 @@ def test_training_job_output_layout(run_job, tmp_path):
 
     state = torch.load(out / "model.pt", weights_only=True)
     assert set(state) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # unwrapped: no "module." prefix
+    # The job's allocator setting, since the environment had none; a thread pool per share of the cores.
+    assert json.loads((out / "env.json").read_text()) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)),
+    }
+    # Not a terminal: plain lines every log_every steps, the evals, and the result last.
+    assert "\r" not in run.stdout
+    lines = run.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines if line.startswith(("step ", "eval "))] == [
+        "step 4/12", "eval at step 6: loss " + f"{_eval_loss_at(out, 6):.4f}", "step 8/12", "step 12/12",
+        "eval at step 12: loss " + f"{summary['eval']['loss']:.4f}",
+    ]  # fmt: skip
+    assert lines[-1].startswith("result: eval loss ")
+
+
+def _eval_loss_at(out: Path, step: int) -> float:
+    events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    return next(e["loss"] for e in events if e["event"] == "eval" and e["step"] == step)
 
 
 def test_default_output_directory(tmp_path):
@@ -161,7 +201,7 @@ def test_command_jobs_run_under_the_launcher_with_the_job_environment(tmp_path):
         "pathlib.Path(os.environ['ORCH_OUTPUT_DIR'], 'rank-' + os.environ['RANK']).write_text("
         "os.environ['WORLD_SIZE'] + ' ' + os.environ['ORCH_JOB_NAME'] + ' ' + os.environ['GREETING'])"
     )
-    spec = {"name": "byo", "nodes": 1, "procs_per_node": 2, "command": ["python", "-c", script],
+    spec = {"name": "byo", "nodes": 1, "procs_per_node": 2, "command": [sys.executable, "-c", script],
             "env": {"GREETING": "hello"}}  # fmt: skip
     job_file = tmp_path / "byo.yaml"
     job_file.write_text(yaml.safe_dump(spec))
