@@ -52,7 +52,8 @@ def run(
 def format_summary(summary: dict) -> str:
     """The run's result on one line: eval metrics first (the number people look for)."""
     evaluation = summary.get("eval") or {}
-    parts = [f"eval {name} {value:.4f}" for name, value in evaluation.items()]
+    ordered = sorted(evaluation.items(), key=lambda item: item[0] == "loss")  # the task's metrics, then loss
+    parts = [f"eval {name} {value:.4f}" for name, value in ordered]
     if summary.get("final_loss") is not None:
         parts.append(f"train loss {summary['final_loss']:.4f}")
     rate = summary.get("samples_per_second")
