@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -214,3 +215,41 @@ def test_command_jobs_run_under_the_launcher_with_the_job_environment(tmp_path):
         "rank-0": "2 byo hello",
         "rank-1": "2 byo hello",
     }
+
+
+def test_the_rendered_pod_command_trains(tmp_path):
+    """Run the container command of the rendered PyTorchJob, with the operator's pod env, on this machine."""
+    import socket
+
+    from orchestrator import loading, render
+
+    objects = render.render(loading.load_job(str(REPO / "examples" / "digits.yaml")))
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    pytorchjob = next(o for o in objects if o["kind"] == "PyTorchJob")
+    container = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    train = json.loads(config_map["data"]["train.json"])
+    train["max_steps"] = 20  # short; everything else as rendered
+    (tmp_path / "train.json").write_text(json.dumps(train))
+    command = [
+        str(tmp_path / "train.json") if arg == "/etc/orch/train.json" else arg for arg in container["command"]
+    ]
+    assert command[0] == "torchrun"
+    command[0] = str(Path(sys.executable).parent / "torchrun")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        **{e["name"]: e["value"] for e in container["env"] if "value" in e},
+        "ORCH_OUTPUT_DIR": str(tmp_path / "output"),  # an emptyDir in the pod
+        "ORCH_METRICS_PORT": "0",  # the metrics tests own the exporter
+        # What the training operator sets on the Master pod: RANK is the pod's index, not a process rank.
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2",
+        "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "PET_NNODES": "1", "PET_NODE_RANK": "0",
+    }  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "output" / "summary.json").read_text())
+    assert (summary["steps"], summary["world_size"], summary["accumulation"]) == (20, 2, 2)
+    assert summary["job"] == "digits-ddp"
+    assert (tmp_path / "output" / "checkpoints" / "step-00000020.pt").exists()
