@@ -60,7 +60,9 @@ def init() -> Dist:
     # outlives an elastic restart, and the previous attempt's keys (the dead workers' gloo addresses) are
     # still in it: a restarted group reading them fails with "connection refused". Namespace every key
     # by attempt.
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT))
+    store, _, _ = next(
+        dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    )
     dist.init_process_group(
         backend,
         store=dist.PrefixStore(f"orch/attempt-{restart_count}", store),
