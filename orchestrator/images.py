@@ -95,9 +95,10 @@ def build_argv(tool: str, ref: str, request: BuildRequest) -> list[str]:
     """The build command line for `tool` (docker | podman | buildah). Pure: no files read, nothing run."""
     if tool not in TOOLS:
         raise UsageError(f"unknown build tool {tool!r}; choose one of {', '.join(TOOLS)}")
-    # buildah's own verb is `bud` ("build-using-dockerfile"); `--layers` makes it reuse cached
-    # layers like docker and podman do by default.
-    head = ["buildah", "bud", "--layers"] if tool == "buildah" else [tool, "build"]
+    # buildah's own verb is `bud` ("build-using-dockerfile"). It caches layers only with
+    # BUILDAH_LAYERS=true: off by default, which keeps vfs-storage builds (CI) from copying the whole
+    # root filesystem once per instruction.
+    head = ["buildah", "bud"] if tool == "buildah" else [tool, "build"]
     argv = [*head, "--file", request.dockerfile_path, "--tag", ref]
     for key, value in sorted(request.build_args.items()):
         argv += ["--build-arg", f"{key}={value}"]

@@ -97,3 +97,19 @@ def wheelhouse() -> Iterator[str]:
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
+
+
+@pytest.fixture(scope="session")
+def torch_base(buildah_env: dict[str, str], ci_base: str, wheelhouse: str) -> str:
+    """Stand-in for the pytorch/pytorch base (Python + torch + torchrun on PATH, root): the `torch` stage of
+    images/cpu/Dockerfile, built once per (that Dockerfile, base, wheel set) and kept like the base."""
+    dockerfile = REPO_ROOT / "images" / "cpu" / "Dockerfile"
+    key = hashlib.sha256(dockerfile.read_bytes() + ci_base.encode() + "\n".join(_requirements()).encode())
+    name = f"localhost/orch-ci-torch:{key.hexdigest()[:12]}"
+    present = subprocess.run(["buildah", "inspect", "--type", "image", name], capture_output=True,
+                             env={**os.environ, **buildah_env})  # fmt: skip
+    if present.returncode != 0:
+        buildah(buildah_env, "bud", "--target", "torch", "--file", str(dockerfile), "--tag", name,
+                "--build-arg", f"PYTHON_IMAGE={ci_base}", "--build-arg", "PIP_NO_INDEX=1",
+                "--build-arg", f"PIP_FIND_LINKS={wheelhouse}", str(REPO_ROOT), timeout=900)  # fmt: skip
+    return name

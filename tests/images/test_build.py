@@ -59,7 +59,7 @@ def test_build_argv_per_tool() -> None:
     ]  # fmt: skip
     assert images.build_argv("podman", ref, request)[:2] == ["podman", "build"]
     assert images.build_argv("buildah", ref, request) == [
-        "buildah", "bud", "--layers", "--file", "ctx/Dockerfile", "--tag", ref,
+        "buildah", "bud", "--file", "ctx/Dockerfile", "--tag", ref,
         "--build-arg", "A=1", "--build-arg", "B=2", "ctx",
     ]  # fmt: skip
     assert images.push_argv("podman", ref) == ["podman", "push", ref]
@@ -171,7 +171,7 @@ def test_dry_run_prints_commands_then_the_reference(tool: str, context: Path) ->
     tag = images.context_tag(str(context), build_args={"BASE_IMAGE": "base:1"})
     ref = f"ghcr.io/acme/t:{tag}"
     build, push, last = result.stdout.strip().splitlines()
-    head = ["buildah", "bud", "--layers"] if tool == "buildah" else [tool, "build"]
+    head = ["buildah", "bud"] if tool == "buildah" else [tool, "build"]
     assert shlex.split(build) == [
         *head, "--file", f"{context}/Dockerfile", "--tag", ref, "--build-arg", "BASE_IMAGE=base:1",
         "--build-arg", f"ORCH_VERSION={images.__version__}", str(context),
@@ -265,8 +265,10 @@ def test_push_denied_is_a_clear_error(tmp_path: Path, buildah_env: dict[str, str
                       env={**buildah_env, "CONTAINERS_REGISTRIES_CONF": str(registries_conf)})  # fmt: skip
     finally:
         server.shutdown()
-    assert result.returncode == 1, result.stderr
     tag = images.context_tag(str(ctx))
+    subprocess.run(["buildah", "rmi", f"{registry}/team/trainer:{tag}"], capture_output=True,
+                   env={**os.environ, **buildah_env})  # fmt: skip
+    assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: push of {registry}/team/trainer:{tag} denied by the registry: log in "
         f"(`buildah login {registry}`) or choose a repository you can write to with --image"
