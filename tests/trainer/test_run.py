@@ -253,3 +253,32 @@ def test_the_rendered_pod_command_trains(tmp_path):
     assert (summary["steps"], summary["world_size"], summary["accumulation"]) == (20, 2, 2)
     assert summary["job"] == "digits-ddp"
     assert (tmp_path / "output" / "checkpoints" / "step-00000020.pt").exists()
+
+
+def test_plateau_lowers_the_rate_when_the_eval_loss_stops_improving(run_job):
+    # threshold 0.99: only a 99% lower loss counts as better, so every eval after the first is a bad one.
+    spec = job(
+        "plateau", eval_every=3, schedule={"name": "plateau", "patience": 0, "factor": 0.5, "threshold": 0.99}
+    )
+    run = run_job(spec)
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in (run.out / "progress.jsonl").read_text().splitlines()]
+    # evals after steps 3 (best), 6 (bad: x 0.5) and 9 (bad: x 0.5); lr is logged at steps 4, 8, 12
+    assert [e["lr"] for e in events if e["event"] == "step"] == [0.05, 0.025, 0.0125]
+    assert run.stdout.count("loss plateaued: learning rate x 0.5") == 2
+
+
+def test_plan_resolves_steps_procs_and_refuses_what_cannot_run(tmp_path):
+    from orchestrator import loading, local
+    from orchestrator.errors import UsageError
+    from tests.trainer.conftest import write_job
+
+    spec = loading.load_job(str(write_job(tmp_path, job("plan", epochs=3, max_steps=None))))
+    plan = local.plan(spec, procs=4, steps=7, output_dir=str(tmp_path / "o"))
+    assert (plan.world_size, plan.accumulation, plan.train.max_steps, plan.train.epochs) == (4, 1, 7, None)
+    assert plan.env["ORCH_OUTPUT_DIR"] == str(tmp_path / "o") and plan.env["ORCH_JOB_NAME"] == "plan"
+    with pytest.raises(UsageError, match="--procs 3: batch_size 16 is not divisible"):
+        local.plan(spec, procs=3)
+    command = loading.load_job(str(REPO / "examples" / "custom-command.yaml"))
+    with pytest.raises(UsageError, match="--steps applies to train jobs only"):
+        local.plan(command, steps=5)
