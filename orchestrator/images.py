@@ -91,6 +91,15 @@ def image_ref(image: str, tag: str) -> str:
     return f"{image}:{tag}"
 
 
+def repository(image: str) -> str:
+    """`ghcr.io/acme/trainer:1.0` -> `ghcr.io/acme/trainer` (a registry port is not a tag); for
+    `orch submit --build`, which rebuilds the job's image under a new content tag."""
+    image = image.split("@", 1)[0]
+    head, _, last = image.rpartition("/")
+    name = last.split(":", 1)[0]
+    return f"{head}/{name}" if head else name
+
+
 def build_argv(tool: str, ref: str, request: BuildRequest) -> list[str]:
     """The build command line for `tool` (docker | podman | buildah). Pure: no files read, nothing run."""
     if tool not in TOOLS:

@@ -78,6 +78,19 @@ def test_image_ref_rejects_a_repo_that_has_a_tag() -> None:
         images.image_ref("ghcr.io/acme/trainer:1.0", "abc")
 
 
+@pytest.mark.parametrize(
+    ("image", "repo"),
+    [
+        ("ghcr.io/acme/trainer:1.0", "ghcr.io/acme/trainer"),
+        ("localhost:5000/trainer", "localhost:5000/trainer"),
+        ("localhost:5000/t/trainer:v2@sha256:abc", "localhost:5000/t/trainer"),
+        ("trainer", "trainer"),
+    ],
+)
+def test_repository(image: str, repo: str) -> None:
+    assert images.repository(image) == repo
+
+
 def test_parse_build_args(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FROM_ENV", "yes")
     assert images.parse_build_args(["A=1", "B=x=y", "FROM_ENV", "EMPTY="]) == {
