@@ -98,10 +98,18 @@ def plan(
 
 def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
     """Start the processes and wait. Returns summary.json (train jobs) or None; raises RunFailed."""
+    import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # One process per GPU when there are GPUs (the trainer uses cuda:LOCAL_RANK); on CPU any number.
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and local.world_size > gpus:
+        raise UsageError(
+            f"{local.world_size} processes need {local.world_size} GPUs; this machine has {gpus} "
+            f"(use --procs {gpus}, or hide the GPUs with CUDA_VISIBLE_DEVICES= to run on CPU)"
+        )
     local.output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(local.env)
     if local.train is not None:
