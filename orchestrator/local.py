@@ -55,6 +55,9 @@ class LocalPlan:
         return self.train.accumulation(self.world_size) if self.train else None
 
 
+METRICS_ENV = ("ORCH_METRICS_PORT", "ORCH_GPU_SAMPLE_SECONDS", "ORCH_PEAK_TFLOPS")
+
+
 def plan(
     spec: JobSpec,
     *,
@@ -81,6 +84,7 @@ def plan(
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
     env = {
+        **_metrics_env(spec),
         **spec.env,
         "ORCH_JOB_NAME": spec.name,
         "ORCH_OUTPUT_DIR": str(out.resolve()),
@@ -94,6 +98,19 @@ def plan(
         env=env,
         max_restarts=spec.elastic.max_restarts if spec.elastic else 0,
     )
+
+
+def _metrics_env(spec: JobSpec) -> dict[str, str]:
+    """The exporter settings the pods get from render, for this machine's one endpoint (local rank 0 serves)."""
+    if not spec.metrics.enabled:
+        return {"ORCH_METRICS_PORT": "0"}
+    env = {
+        "ORCH_METRICS_PORT": str(spec.metrics.port),
+        "ORCH_GPU_SAMPLE_SECONDS": str(spec.metrics.gpu_sample_seconds),
+    }
+    if spec.metrics.peak_tflops:
+        env["ORCH_PEAK_TFLOPS"] = str(spec.metrics.peak_tflops)
+    return env
 
 
 def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
@@ -112,6 +129,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         )
     local.output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(local.env)
+    # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
+    env.update({name: value for name, value in os.environ.items() if name in METRICS_ENV})
     if local.train is not None:
         config_file = local.output_dir / "train.json"
         config_file.write_text(json.dumps(local.train.model_dump(mode="json"), indent=2) + "\n")

@@ -212,8 +212,7 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
             step=step, samples=samples_per_rank, tokens=tokens_per_rank, loss=loss_value, lr=lr,
             grad_norm=result.grad_norm, step_seconds=step_seconds,
             data_wait_seconds=result.data_wait_seconds,
-            loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
-            skipped=not result.updated, flops=flops_per_rank,
+            loss_scale=result.loss_scale, skipped=not result.updated, flops=flops_per_rank,
         )  # fmt: skip
 
         if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps:

@@ -25,6 +25,8 @@ class StepResult:
     updated: bool
     """False when the step was skipped: an fp16 overflow, or a non-finite gradient in fp32/bf16."""
     data_wait_seconds: float
+    loss_scale: float | None = None
+    """fp16: the scaler's scale after this step (read here, where the step already synced); else None."""
 
 
 def train_step(
@@ -69,14 +71,22 @@ def train_step(
     # The one host sync of the step: whether the update may happen. The norm is of the all-reduced
     # gradient, so every rank takes the same decision.
     grad_norm = norm.item()
+    loss_scale = None
     if scaler.is_enabled():
         scale_before = scaler.get_scale()
         scaler.step(optimizer)  # skips the update when unscale_ found inf/NaN
         scaler.update()  # ... and then halves the scale
-        updated = scaler.get_scale() >= scale_before
+        loss_scale = scaler.get_scale()
+        updated = loss_scale >= scale_before
     else:
         updated = math.isfinite(grad_norm)
         if updated:
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait)
+    return StepResult(
+        loss=loss_sum,
+        grad_norm=grad_norm,
+        updated=updated,
+        data_wait_seconds=data_wait,
+        loss_scale=loss_scale,
+    )

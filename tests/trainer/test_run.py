@@ -282,3 +282,17 @@ def test_plan_resolves_steps_procs_and_refuses_what_cannot_run(tmp_path):
     command = loading.load_job(str(REPO / "examples" / "custom-command.yaml"))
     with pytest.raises(UsageError, match="--steps applies to train jobs only"):
         local.plan(command, steps=5)
+
+
+def test_plan_gives_the_processes_the_jobs_exporter_settings(tmp_path):
+    from orchestrator import loading, local
+    from tests.trainer.conftest import write_job
+
+    path = str(write_job(tmp_path, job("metered")))
+    spec = loading.load_job(path, ["metrics.port=9555", "metrics.peak_tflops=312"])
+    env = local.plan(spec, output_dir=str(tmp_path / "o")).env
+    assert (env["ORCH_METRICS_PORT"], env["ORCH_GPU_SAMPLE_SECONDS"], env["ORCH_PEAK_TFLOPS"]) == (
+        "9555", "5.0", "312.0",
+    )  # fmt: skip
+    off = loading.load_job(path, ["metrics.enabled=false"])
+    assert local.plan(off, output_dir=str(tmp_path / "o")).env["ORCH_METRICS_PORT"] == "0"
