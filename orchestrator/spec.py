@@ -416,10 +416,6 @@ class JobSpec(Model):
                     f"nodes ({self.nodes}) must lie between elastic.min_nodes "
                     f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
                 )
-            if self.nodes < 2:
-                raise FieldError(
-                    "elastic", "elastic jobs need nodes >= 2 (the operator scales Worker replicas)"
-                )
         names = [v.name for v in self.volumes]
         if dup := next((n for n in names if names.count(n) > 1), None):
             raise FieldError("volumes", f"volume name {dup!r} is used twice")

@@ -59,6 +59,15 @@ def test_elastic_jobs_are_workers_only_with_a_c10d_policy(tmp_path):
     }
 
 
+def test_single_node_elastic_job_is_one_worker_the_operator_accepts(tmp_path):
+    """Elastic on one node is how users get torchrun's restarts (max_restarts) without a second pod."""
+    from tests.spec.manifest_checks import cluster_errors
+
+    job = objects(tmp_path, BASE + "elastic: {min_nodes: 1, max_nodes: 1, max_restarts: 2}\n")["PyTorchJob"]
+    assert replicas(job) == {"Worker": 1}
+    assert cluster_errors(job) == []
+
+
 def simulated_operator_env(job):
     """What the v1.9 operator's setPodEnv gives torchrun (pytorchjob.md section 2), per pod."""
     spec = job["spec"]
