@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, object] = {"quick": quick, "cpus": os.cpu_count()}
     try:
         if "trainer" in sections:
-            results["trainer"] = training.overhead(rounds=1 if quick else 5, steps=40 if quick else 150)
+            results["trainer"] = training.overhead(rounds=1 if quick else 5, steps=40 if quick else 120)
         if "accum" in sections:
-            steps = {1: 20, 4: 10, 16: 6} if quick else {1: 30, 4: 40, 16: 16}
+            steps = {1: 20, 4: 12, 16: 10} if quick else {1: 30, 4: 40, 16: 16}
             results["accum"] = training.accumulation(steps_by_accumulation=steps, rounds=1 if quick else 2)
         if "cli" in sections:
             results["cli"] = cli.latency(repeats=3 if quick else 15)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup = 8 if compile_ else 5  # compile and autotuning happen in the first steps
         try:
             run = harness.run_training(harness.torchrun(1, module, "--config", str(path)), env,
-                                       accumulation=1, warmup=warmup, scrape_port=scrape, timeout=600)  # fmt: skip
+                                       accumulation=1, steps=steps, warmup=warmup, scrape_port=scrape, timeout=600)  # fmt: skip
         except BenchError as error:
             print(f"{name}: {error}", file=sys.stderr)
             return 1

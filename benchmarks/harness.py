@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import turns
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -135,13 +137,14 @@ def run_training(
     env: dict[str, str],
     *,
     accumulation: int,
+    steps: int,
     warmup: int,
     scrape_port: int | None = None,
     timeout: float = 300,
 ) -> Run:
     """Run one training command on its own, with a fresh clock directory; optionally scrape /metrics."""
-    runs = run_in_turns({"run": (cmd, env, scrape_port)}, accumulation=accumulation, warmup=warmup,
-                        turn_steps=None, timeout=timeout)  # fmt: skip
+    runs = run_in_turns({"run": (cmd, env, scrape_port)}, accumulation=accumulation, steps=steps,
+                        warmup=warmup, turn_steps=None, timeout=timeout)  # fmt: skip
     return runs["run"]
 
 
@@ -149,6 +152,7 @@ def run_in_turns(
     loops: dict[str, tuple[list[str], dict[str, str], int | None]],
     *,
     accumulation: int,
+    steps: int,
     warmup: int,
     turn_steps: int | None,
     timeout: float = 600,
@@ -161,9 +165,7 @@ def run_in_turns(
         root = Path(tmp)
         names = list(loops)
         if turn_steps:
-            (root / "turn.json").write_text(json.dumps(
-                {"order": names, "turn": names[0], "visits": {n: int(n == names[0]) for n in names}, "done": []}
-            ))  # fmt: skip
+            turns.start(root / "turn.json", names)
         procs: dict[str, subprocess.Popen] = {}
         logs: dict[str, Any] = {}
         stop, scrapes = threading.Event(), {name: [0] for name in names}
@@ -172,7 +174,7 @@ def run_in_turns(
                 out = root / f"loop{index}"
                 out.mkdir()
                 env = dict(env, ORCH_BENCH_DIR=str(out), ORCH_OUTPUT_DIR=str(out / "out"),
-                           ORCH_BENCH_ACCUMULATION=str(accumulation))  # fmt: skip
+                           ORCH_BENCH_ACCUMULATION=str(accumulation), ORCH_BENCH_STEPS=str(steps))  # fmt: skip
                 if turn_steps:
                     env.update(
                         ORCH_BENCH_GATE_DIR=tmp, ORCH_BENCH_LOOP=name, ORCH_BENCH_TURN_STEPS=str(turn_steps)
@@ -197,6 +199,8 @@ def run_in_turns(
                     if name in walls or proc.poll() is None:
                         continue
                     walls[name] = time.perf_counter() - started
+                    if turn_steps:
+                        turns.finished(root / "turn.json", name)
                     if proc.returncode != 0:
                         raise BenchError(f"{name}: {' '.join(loops[name][0][-4:])} failed (exit {proc.returncode}):\n"
                                          + _tail(logs[name]))  # fmt: skip

@@ -69,8 +69,8 @@ def overhead(*, rounds: int, steps: int, accumulation: int = 1) -> dict[str, Any
         # all loops at once, taking turns of TURN_STEPS steps; the first turn rotates between rounds
         order = names[round_index % len(names) :] + names[: round_index % len(names)]
         round_runs = harness.run_in_turns(
-            {name: variants[name] for name in order}, accumulation=accumulation, warmup=WARMUP_STEPS,
-            turn_steps=TURN_STEPS,
+            {name: variants[name] for name in order}, accumulation=accumulation, steps=steps,
+            warmup=WARMUP_STEPS, turn_steps=TURN_STEPS,
         )  # fmt: skip
         for name, run in round_runs.items():
             runs[name].append(run)
@@ -146,14 +146,15 @@ def accumulation(*, steps_by_accumulation: dict[int, int], rounds: int = 1) -> d
         for _ in range(rounds):
             turn_steps = max(2, 10 // accum) if len(loops) > 1 else None
             for name, run in harness.run_in_turns(
-                loops, accumulation=accum, warmup=2, turn_steps=turn_steps
+                loops, accumulation=accum, steps=steps, warmup=2, turn_steps=turn_steps
             ).items():
                 runs[name].append(run)
         entry = {}
         for name, rs in runs.items():
             report = rs[0].report
-            calls, size = report["grad_allreduce_calls"] / steps, report["grad_allreduce_bytes"] / steps
-            syncs = report["grad_syncs"] / steps
+            done = report["steps_completed"]  # counted up to the start of the last step
+            calls, size = report["grad_allreduce_calls"] / done, report["grad_allreduce_bytes"] / done
+            syncs = report["grad_syncs"] / done
             step = min(r.median_step for r in rs)  # best run, as in section 1
             cpu = min(r.median_cpu for r in rs)
             entry[name] = {"syncs_per_step": syncs, "allreduce_calls_per_step": calls, "bytes_per_step": size,
@@ -243,7 +244,9 @@ def _seconds_to_first_step(cmd: list[str], workdir: Path, out_last: bool = False
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         if out_last:
             cmd = [*cmd, str(Path(tmp) / "out")]
-        env = harness.base_env(ORCH_BENCH_DIR=tmp, ORCH_OUTPUT_DIR=str(Path(tmp) / "out"))
+        env = harness.base_env(
+            ORCH_BENCH_DIR=tmp, ORCH_OUTPUT_DIR=str(Path(tmp) / "out"), ORCH_BENCH_STEPS="3"
+        )
         launched = time.time()
         proc = subprocess.run(
             cmd, env=env, cwd=workdir, capture_output=True, text=True, check=False, timeout=300

@@ -10,7 +10,8 @@ backward, all-reduce, clipping, optimizer, logging, metrics).
 When `ORCH_BENCH_COUNT_COMM=1`, importing this module also wraps DDP so that every gradient all-reduce
 goes through a counting communication hook (the default all-reduce, counted), and wraps
 `torch.distributed.all_reduce` to count other all-reduces (for example a loss averaged for a log line).
-Each rank writes what it saw to `$ORCH_BENCH_DIR/rank<RANK>.json` when the process exits.
+Each rank writes what it saw to `$ORCH_BENCH_DIR/rank<RANK>.json` when its last optimizer step starts
+(`ORCH_BENCH_STEPS`), or at exit: orch's trainer leaves with os._exit, which skips atexit handlers.
 
 Turns (`ORCH_BENCH_GATE_DIR`): on a shared machine the load changes from one second to the next, so
 loops measured one after the other see different machines. Instead, the loops being compared start
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import turns
 from orchestrator.trainer.tasks import Task, build_task
 
 _STATE: dict[str, Any] = {
@@ -59,6 +61,8 @@ class StepClock:
         self.loss_fn, self.use_cuda_events = loss_fn, use_cuda_events
         self.accumulation = int(os.environ.get("ORCH_BENCH_ACCUMULATION", "1"))
         self.gate = Gate.from_env()
+        # The report is written when the last step starts: the trainer may end with os._exit (no atexit).
+        self.total_steps = int(os.environ.get("ORCH_BENCH_STEPS", "0"))
 
     def __call__(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # evaluation runs under no_grad: not a training step
@@ -72,6 +76,9 @@ class StepClock:
                     self.gate.wait_turn(step)
                 _STATE["step_post"].append(time.time())
                 _STATE["cpu_post"].append(time.process_time())
+                if step == self.total_steps - 1:  # the last step: its start ends the last measured period
+                    _STATE["steps_completed"] = step
+                    _write_report()
             calls.append(now)
             if self.use_cuda_events:
                 event = torch.cuda.Event(enable_timing=True)
@@ -81,12 +88,9 @@ class StepClock:
 
 
 class Gate:
-    """Turn-taking between loops through one small JSON file; only the turn's holder (rank 0) writes it.
-
-    turn.json: {"order": [loop names], "turn": name, "visits": {name: turns given}, "done": [names]}.
-    A loop's gate number g (at optimizer step g * turn_steps) opens when the turn is the loop's own and
-    it has been given the turn g + 1 times. Rank 0 hands the turn on first (from gate 1 on).
-    """
+    """A loop's side of the turn file (benchmarks/turns.py). Gate number g (at optimizer step
+    g * turn_steps) opens when the turn is this loop's and it has been given the turn g + 1 times.
+    Rank 0 hands the turn on first (from gate 1 on); the harness does it when the loop exits."""
 
     POLL_SECONDS = 0.02  # fast enough for turns of ~0.1-1 s, rare enough to cost nothing
 
@@ -98,54 +102,23 @@ class Gate:
         directory = os.environ.get("ORCH_BENCH_GATE_DIR")
         if not directory:
             return None
-        gate = cls(Path(directory), os.environ["ORCH_BENCH_LOOP"], int(os.environ["ORCH_BENCH_TURN_STEPS"]),
+        return cls(Path(directory), os.environ["ORCH_BENCH_LOOP"], int(os.environ["ORCH_BENCH_TURN_STEPS"]),
                    int(os.environ.get("RANK", "0")))  # fmt: skip
-        if gate.rank == 0:
-            atexit.register(gate.finish)
-        return gate
 
     def wait_turn(self, step: int) -> None:
         if step % self.turn_steps:
             return
         number = step // self.turn_steps
         if number > 0 and self.rank == 0:
-            self._hand_on(self._read())
+            turns.hand_on(self.path, turns.read(self.path), self.name)
         deadline = time.monotonic() + 600
         while True:
-            state = self._read()
+            state = turns.read(self.path)
             if state["turn"] == self.name and state["visits"][self.name] >= number + 1:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"benchmark turn never came back to {self.name}: {state}")
             time.sleep(self.POLL_SECONDS)
-
-    def finish(self) -> None:
-        """At exit: leave the rotation, and hand the turn on if this loop holds it."""
-        state = self._read()
-        state["done"].append(self.name)
-        if state["turn"] == self.name:
-            self._hand_on(state)
-        else:
-            self._write(state)
-
-    def _hand_on(self, state: dict[str, Any]) -> None:
-        order = state["order"]
-        start = order.index(self.name)
-        for offset in range(1, len(order) + 1):  # the next loop still running; this one when none is
-            candidate = order[(start + offset) % len(order)]
-            if candidate not in state["done"] or candidate == self.name:
-                break
-        state["turn"] = candidate
-        state["visits"][candidate] += 1
-        self._write(state)
-
-    def _read(self) -> dict[str, Any]:
-        return json.loads(self.path.read_text())
-
-    def _write(self, state: dict[str, Any]) -> None:
-        tmp = self.path.with_name(f".turn.{self.name}.tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.path)  # atomic: a reader sees the old or the new file, never half of one
 
 
 def timed(inner: str = "synthetic", **inner_args: Any) -> Task:
@@ -163,8 +136,9 @@ def timed(inner: str = "synthetic", **inner_args: Any) -> Task:
 
 def _write_report() -> None:
     out = os.environ.get("ORCH_BENCH_DIR")
-    if not out:
+    if not out or _STATE.get("written"):
         return
+    _STATE["written"] = True
     report = {key: value for key, value in _STATE.items() if key != "cuda_events"}
     events = _STATE["cuda_events"]
     if events:
