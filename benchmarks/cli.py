@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ def torchx_command() -> tuple[list[str], dict[str, str]] | None:
 
 
 def latency(*, repeats: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-cli-"))
+    workdir = harness.scratch_dir("orch-bench-cli-")
     job = workdir / "ddp-2x1.yaml"
     job.write_text(DDP_JOB)
     orch = harness.REPO / ".venv" / "bin" / "orch"

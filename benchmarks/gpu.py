@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                                     optimizer={"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.95]},
                                     log_every=10)  # fmt: skip
 
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-gpu-"))
+    workdir = harness.scratch_dir("orch-bench-gpu-")
     port = harness.free_port()
     on = harness.base_env(ORCH_METRICS_PORT=str(port), ORCH_JOB_NAME="bench-gpu")
     off = harness.base_env(ORCH_METRICS_PORT=None, ORCH_JOB_NAME="bench-gpu")

@@ -6,9 +6,11 @@ rank's `benchmarks.workload` clock wrote when it exited.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -73,6 +75,13 @@ def torchrun(nproc: int, module: str, *args: str) -> list[str]:
     """The same launcher for every loop: torch's elastic launcher, standalone rendezvous."""
     return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", module, *args]  # fmt: skip
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary folder for this benchmark run's files, removed when the harness exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def free_port() -> int:

@@ -39,7 +39,7 @@ def accelerate_installed() -> bool:
 
 def overhead(*, rounds: int, steps: int, accumulation: int = 1) -> dict[str, Any]:
     """1. orch's trainer vs the bare DDP loop vs Accelerate; 2. orch with metrics on vs off."""
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-cfg-"))
+    workdir = harness.scratch_dir("orch-bench-cfg-")
     config = _write(harness.train_config(world=WORLD, accumulation=accumulation, steps=steps), workdir)
     port = harness.free_port()
     variants: dict[str, tuple[list[str], dict[str, str], int | None]] = {
@@ -126,7 +126,7 @@ def overhead(*, rounds: int, steps: int, accumulation: int = 1) -> dict[str, Any
 
 def accumulation(*, steps_by_accumulation: dict[int, int], rounds: int = 1) -> dict[str, Any]:
     """3. All-reduces per optimizer step, counted by a DDP comm hook; orch vs a loop that syncs every micro-step."""
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-cfg-"))
+    workdir = harness.scratch_dir("orch-bench-cfg-")
     env_count = {"ORCH_BENCH_COUNT_COMM": "1", **PIN}
     rows, result = [], {}
     for accum, steps in steps_by_accumulation.items():
@@ -201,7 +201,7 @@ def startup(*, rounds: int) -> dict[str, Any]:
     Next to it: the bare loop launched by torchrun directly, to the same point, and a plain
     `python -c "import torch"` (the floor every process pays).
     """
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-run-"))
+    workdir = harness.scratch_dir("orch-bench-run-")
     steps = 3
     config = harness.train_config(world=WORLD, accumulation=1, steps=steps)
     job = workdir / "job.yaml"
