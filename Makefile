@@ -28,7 +28,8 @@ lint: install
 	$(BIN)/ruff format --check orchestrator tests benchmarks
 
 bench: install
-	$(BIN)/python -m benchmarks
+	$(BIN)/pip install --quiet -e '.[bench]'  # Accelerate, the third loop of the comparison
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache runs

@@ -76,6 +76,34 @@ def _note(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _build_image(
+    job_image: str, context: str, build_args: tuple[str, ...], tool: str | None, *, dry_run: bool
+) -> str:
+    """`orch submit --build`: build and push the job's image repository under a content tag; its reference.
+
+    On a client dry run nothing is built: the commands are printed to stderr and the reference they would
+    push is returned, so the printed objects show the image the job would run.
+    """
+    import shlex
+    import shutil
+
+    from orchestrator import images
+
+    request = images.BuildRequest(
+        context=context, image=images.repository(job_image), build_args=images.parse_build_args(build_args),
+        push=True,
+    )  # fmt: skip
+    if dry_run:
+        chosen = tool or next((t for t in images.TOOLS if shutil.which(t)), images.TOOLS[0])
+        ref, commands = images.plan(request, chosen)
+        for argv in commands:
+            _note(shlex.join(argv))
+        return ref
+    ref = images.build_and_push(request, tool=tool)
+    _note(f"built and pushed {ref}")
+    return ref
+
+
 def _ref(obj: dict[str, Any]) -> str:
     """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
     group = obj["apiVersion"].rpartition("/")[0]
@@ -97,6 +125,19 @@ def _ref(obj: dict[str, Any]) -> str:
 @click.option(
     "-f", "--follow", is_flag=True, help="Stream every pod's logs until the job ends (implies --wait)."
 )
+@click.option(
+    "--build",
+    is_flag=True,
+    help="First build and push the image (as `orch build --push`) to the repository of the job's `image`, "
+    "tagged by content, and submit exactly that reference.",
+)
+@click.option("--build-context", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Build context for --build.")  # fmt: skip
+@click.option(
+    "--build-arg", "build_args", multiple=True, metavar="KEY=VALUE", help="For --build. Repeatable."
+)
+@click.option("--build-tool", type=click.Choice(["docker", "podman", "buildah"]), default=None,
+              help="For --build [default: the first one found].")  # fmt: skip
 @output_option("yaml", "json")
 def submit(
     job_file: str,
@@ -108,6 +149,10 @@ def submit(
     replace: bool,
     wait_: bool,
     follow: bool,
+    build: bool,
+    build_context: str,
+    build_args: tuple[str, ...],
+    build_tool: str | None,
     output: str,
 ) -> int:
     """Render JOB and create it on the cluster: the PyTorchJob, its ConfigMap and PodMonitor.
@@ -122,10 +167,15 @@ def submit(
       orch submit job.yaml -n research --context prod --set nodes=4
       orch submit job.yaml --replace --wait
       orch submit job.yaml --dry-run=client | less
+      orch submit job.yaml --build --follow     # build, push, run that image
     """
     from orchestrator import cluster, render
 
     spec = load_job(job_file, overrides, require_image=True)
+    render.render(spec)  # everything is checked before anything is built or sent
+    if build:
+        spec = spec.model_copy(update={"image": _build_image(spec.image, build_context, build_args, build_tool,
+                                                             dry_run=dry_run == "client")})  # fmt: skip
     objects = render.render(spec)
     if dry_run == "client":
         target = cluster.Target(kubeconfig, context, namespace)

@@ -1,0 +1,66 @@
+"""`orch submit --build`: build and push the job's image under a content tag, then submit exactly that reference.
+
+The cluster is the kmock API emulator from tests/cluster (real HTTP, official client); the build is a real
+buildah build of a FROM-scratch context, and the registry is a local server that refuses the push as a
+registry does for a user without rights (no registry can be reached from here).
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("kmock")
+
+from orchestrator import images  # noqa: E402
+from tests.cluster.conftest import env, kube  # noqa: E402,F401  (fixtures)
+from tests.images.test_build import _RefusingRegistry  # noqa: E402
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello /hello\n")
+    (ctx / "hello").write_text("hi\n")
+    return ctx
+
+
+def job_file(tmp_path: Path, image: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: demo\nimage: {image}\ntrain: {{task: digits, batch_size: 64, max_steps: 5}}\n")
+    return path
+
+
+def test_client_dry_run_shows_the_build_and_the_image_the_job_would_run(env, tmp_path, context):  # noqa: F811
+    job = job_file(tmp_path, "registry.example/team/trainer:old")
+    result = env.orch("submit", str(job), "--build", "--build-context", str(context), "--build-tool", "buildah",
+                      "--dry-run=client")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    ref = f"registry.example/team/trainer:{images.context_tag(str(context))}"
+    pytorchjob = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "PyTorchJob")
+    (container,) = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert container["image"] == ref
+    assert f"buildah push {ref}" in result.stderr
+    assert env.kube.requests() == []
+
+
+def test_a_refused_push_submits_nothing(env, tmp_path, context, buildah_env):  # noqa: F811
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingRegistry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registry = f"127.0.0.1:{server.server_address[1]}"
+    registries_conf = tmp_path / "registries.conf"
+    registries_conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
+    job = job_file(tmp_path, f"{registry}/team/trainer:1")
+    try:
+        result = env.orch("submit", str(job), "--build", "--build-context", str(context), "--build-tool", "buildah",
+                          env={**buildah_env, "CONTAINERS_REGISTRIES_CONF": str(registries_conf)})  # fmt: skip
+    finally:
+        server.shutdown()
+    assert result.exit_code == 1, result.stderr
+    assert "denied by the registry" in result.stderr.strip().splitlines()[-1]
+    assert env.kube.requests() == []  # the cluster never heard of the job
