@@ -23,6 +23,7 @@ SCHEMAS = REPO.parent / "shared" / "schemas"
 CRD_FILES = {
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs.kubeflow.org.yaml",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors.monitoring.coreos.com.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules.monitoring.coreos.com.yaml",
 }
 KUBERNETES_VERSION = "1.32"  # kubernetes-validate schema set; the v1.9 operator supports 1.27+
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
