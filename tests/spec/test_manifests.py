@@ -10,10 +10,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 
 from orchestrator import loading, render
 from tests.spec.conftest import EXAMPLES
-from tests.spec.manifest_checks import cluster_errors
+from tests.spec.manifest_checks import REPO, cluster_errors
 
 
 def test_every_example_renders_objects_the_cluster_accepts(example):
@@ -115,3 +116,16 @@ def test_checker_rejects_a_broken_configmap(rendered):
     config_map = copy.deepcopy(rendered["ConfigMap"])
     config_map["data"]["train.json"] = {"task": "gpt"}
     assert cluster_errors(config_map)
+
+
+PLAIN_MANIFESTS = sorted((REPO / "manifests").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PLAIN_MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_plain_manifest_validates(path):
+    """The files users `kubectl apply` as they are (RBAC, dashboard ConfigMap, alert rules): CRD kinds
+    against the real CRDs, built-in kinds against Kubernetes' own schemas, strictly."""
+    documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    assert documents
+    for document in documents:
+        assert cluster_errors(document) == [], f"{path.name}: {document.get('kind')}"
