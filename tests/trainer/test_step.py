@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -122,6 +123,9 @@ def _count_allreduces(rank: int, store_dir: str, result_dir: str, use_no_sync: b
     with open(f"{result_dir}/rank{rank}.json", "w") as file:
         json.dump({"calls": calls["allreduce"], "weights": weights}, file)
     dist.destroy_process_group()
+    # Skip interpreter finalisation, as orchestrator/trainer/__main__.py does: gloo's threads being destroyed
+    # then occasionally abort a finished process (SIGABRT), which would fail this test for no reason of its own.
+    os._exit(0)
 
 
 @pytest.mark.parametrize(("use_no_sync", "expected_calls"), [(True, 3), (False, 12)])
