@@ -409,13 +409,12 @@ class JobSpec(Model):
         if self.train is not None and (problem := self.train.batch_problem(self.world_size)):
             field = "train.micro_batch_size" if self.train.micro_batch_size else "train.batch_size"
             raise FieldError(field, problem)
-        if self.elastic is not None:
-            if not self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes:
-                raise FieldError(
-                    "elastic",
-                    f"nodes ({self.nodes}) must lie between elastic.min_nodes "
-                    f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
-                )
+        if self.elastic is not None and not self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes:
+            raise FieldError(
+                "elastic",
+                f"nodes ({self.nodes}) must lie between elastic.min_nodes "
+                f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
+            )
         names = [v.name for v in self.volumes]
         if dup := next((n for n in names if names.count(n) > 1), None):
             raise FieldError("volumes", f"volume name {dup!r} is used twice")
