@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from orchestrator.spec import BUILTIN_TASKS
+
 # The batch a DataLoader yields from the datasets is `(inputs, targets)`; the trainer calls
 # `outputs = model(inputs)` and `loss_fn(outputs, targets)`.
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -38,11 +40,8 @@ class Task:
     """Tokens in one sample (language models), for tokens/s. None: not reported."""
 
 
-BUILTIN = {
-    "digits": "orchestrator.trainer.tasks.digits:make",
-    "gpt": "orchestrator.trainer.tasks.gpt:make",
-    "synthetic": "orchestrator.trainer.tasks.synthetic:make",
-}
+# The names job.yaml accepts (checked by the spec) are the modules of this package, each with a `make`.
+BUILTIN = {name: f"orchestrator.trainer.tasks.{name}:make" for name in BUILTIN_TASKS}
 
 
 def build_task(name: str, task_args: dict[str, Any]) -> Task:
