@@ -172,11 +172,11 @@ def submit(
     from orchestrator import cluster, render
 
     spec = load_job(job_file, overrides, require_image=True)
-    render.render(spec)  # everything is checked before anything is built or sent
+    objects = render.render(spec)  # everything is checked before anything is built or sent
     if build:
         spec = spec.model_copy(update={"image": _build_image(spec.image, build_context, build_args, build_tool,
                                                              dry_run=dry_run == "client")})  # fmt: skip
-    objects = render.render(spec)
+        objects = render.render(spec)
     if dry_run == "client":
         target = cluster.Target(kubeconfig, context, namespace)
         prepared = cluster.prepare(objects, cluster.resolve_namespace(target, job_namespace=spec.namespace))
