@@ -1,7 +1,7 @@
 """`orch doctor`: find what would break a training job before it burns GPU hours.
 
 Two halves, kept apart so the judgement is testable without a GPU or a cluster:
-- *gathering* (`gather_local`, `cluster.doctor_probe`) reads facts: torch (in a child process, so a
+- *gathering* (`gather_local`, `orchestrator.cluster.probes.gather`) reads facts: torch (in a child process, so a
   broken CUDA install is a FAIL line, not a crash, and the CLI itself never imports torch), NVML or
   `nvidia-smi`, /dev/shm, the environment, the cluster's discovery API, nodes and permissions;
 - *judging* (`judge_local`, `judge_cluster`) turns plain facts into OK / WARN / FAIL checks, each
@@ -390,20 +390,20 @@ def _text(value: str | bytes) -> str:
 
 # --- cluster -------------------------------------------------------------------------------------------
 
-PYTORCHJOB_GROUP = "kubeflow.org"
 MONITORING_GROUP = "monitoring.coreos.com"
 MONITORING_NEEDED = ("podmonitors", "prometheusrules")  # what `orch render` emits
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 
 
 def cluster_checks(
     *, namespace: str | None = None, context: str | None = None, kubeconfig: str | None = None
 ) -> list[Check]:
     from orchestrator import cluster
+    from orchestrator.cluster import probes
 
     try:
-        facts = cluster.doctor_probe(namespace=namespace, context=context, kubeconfig=kubeconfig)
+        target = cluster.connect(cluster.Target(kubeconfig=kubeconfig, context=context, namespace=namespace))
+        facts = probes.gather(target)
     except Exception as error:  # any failure to talk to the cluster is the finding itself
         return [
             Check(
@@ -417,8 +417,10 @@ def cluster_checks(
 
 
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
-    """Judge `cluster.doctor_probe`'s plain-data answer (see that function for its keys)."""
-    from orchestrator.cluster import OPERATOR_INSTALL  # a constant; cluster.py imports kubernetes lazily
+    """Judge `orchestrator.cluster.probes.gather`'s plain-data answer (see that function for its keys)."""
+    from orchestrator.cluster.apis.pytorchjob import (
+        INSTALL as OPERATOR_INSTALL,
+    )  # kubernetes stays unimported
 
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
     served = facts.get("pytorchjob_versions") or []

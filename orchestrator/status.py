@@ -1,9 +1,9 @@
-"""What a PyTorchJob and its pods say about a run, as plain data. Pure functions: no I/O, no kubernetes.
+"""What a training job and its pods say about a run, as plain data. Pure functions: no I/O, no kubernetes.
 
-`orch status`, `orch list` and `orch wait` read the objects `orchestrator.cluster` fetched through these.
-The operator's conditions are a history, not a state: `kubectl get`'s `conditions[-1].type` may be a
-condition whose status is "False" (Suspended=False after a resume, Running=False after success). So the
-phase is the highest-precedence condition whose status is "True" (see `PHASE_PRECEDENCE`).
+`orch status`, `orch list`, `orch logs` and `orch wait` read the objects `orchestrator.cluster` fetched through
+these. What differs between job APIs (which conditions mean what, which labels name a pod's role) comes from
+the job's `JobAPI` (orchestrator/cluster/apis/); everything here is the same for all of them. The phase is
+orch's own word, the same on every API: Pending, Created, Running, Restarting, Suspended, Succeeded, Failed.
 """
 
 from __future__ import annotations
@@ -11,16 +11,14 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
+if TYPE_CHECKING:
+    from orchestrator.cluster.apis import JobAPI
 
-# Highest first. Once Failed=True the operator stops updating conditions, so it wins over everything.
-PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
-PENDING = "Pending"  # no condition is True yet: the operator has not seen the job
+PENDING = "Pending"  # no condition is True yet: the controller has not seen the job
 FINISHED = frozenset({"Failed", "Succeeded"})
 
-CONTAINER = naming.CONTAINER_NAME  # the operator requires this name; its exit code decides the job
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -69,54 +67,54 @@ class JobStatus:
         return asdict(self)
 
 
-def phase(job: dict[str, Any]) -> str:
-    """The job's phase: the first of `PHASE_PRECEDENCE` with a condition whose status is "True"."""
+def phase_by_precedence(job: dict[str, Any], precedence: Sequence[str]) -> str:
+    """The first of `precedence` with a condition whose status is "True"; Pending when none is."""
     true_types = {c.get("type") for c in _conditions(job) if c.get("status") == "True"}
-    return next((p for p in PHASE_PRECEDENCE if p in true_types), PENDING)
+    return next((p for p in precedence if p in true_types), PENDING)
 
 
-def phase_condition(job: dict[str, Any]) -> dict[str, Any]:
-    """The True condition that decided the phase (its reason and message explain it); {} when Pending."""
-    current = phase(job)
-    matches = [c for c in _conditions(job) if c.get("type") == current and c.get("status") == "True"]
+def true_condition(job: dict[str, Any], ctype: str) -> dict[str, Any]:
+    """The last condition of type `ctype` whose status is "True"; {} when there is none."""
+    matches = [c for c in _conditions(job) if c.get("type") == ctype and c.get("status") == "True"]
     return matches[-1] if matches else {}
 
 
+def replica_counts(counts: dict[str, Any]) -> dict[str, int]:
+    return {key: int(counts.get(key) or 0) for key in ("active", "succeeded", "failed")}
+
+
 def job_status(
-    job: dict[str, Any], pods: Sequence[dict[str, Any]] = (), events: Sequence[dict[str, Any]] = ()
+    api: JobAPI,
+    job: dict[str, Any],
+    pods: Sequence[dict[str, Any]] = (),
+    events: Sequence[dict[str, Any]] = (),
 ) -> JobStatus:
     meta, status = job.get("metadata") or {}, job.get("status") or {}
-    condition = phase_condition(job)
-    replicas = {
-        role: ReplicaStatus(
-            active=int(counts.get("active") or 0),
-            succeeded=int(counts.get("succeeded") or 0),
-            failed=int(counts.get("failed") or 0),
-        )
-        for role, counts in sorted((status.get("replicaStatuses") or {}).items())
-    }
+    condition = api.phase_condition(job)
     return JobStatus(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
-        phase=phase(job),
+        phase=api.phase(job),
         reason=condition.get("reason", ""),
         message=condition.get("message", ""),
-        replicas=replicas,
+        replicas={role: ReplicaStatus(**counts) for role, counts in api.replicas(job).items()},
         created=meta.get("creationTimestamp", ""),
         start_time=status.get("startTime", ""),
         completion_time=status.get("completionTime", ""),
-        pods=sorted((pod_summary(p) for p in pods), key=pod_order),
+        pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
     )
 
 
-def pod_summary(pod: dict[str, Any]) -> PodSummary:
+def container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
+    """The status of the pod's container named `container`; {} before the kubelet reports it."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((c for c in statuses if c.get("name") == container), {})
+
+
+def pod_summary(api: JobAPI, pod: dict[str, Any]) -> PodSummary:
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    labels = meta.get("labels") or {}
-    container = next(
-        (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER),
-        {},
-    )
+    container = container_status(pod, api.container)
     shown = status.get("phase") or PENDING
     waiting = (container.get("state") or {}).get("waiting") or {}
     if meta.get("deletionTimestamp"):
@@ -127,10 +125,11 @@ def pod_summary(pod: dict[str, Any]) -> PodSummary:
     last = ""
     if terminated:
         last = f"{terminated.get('reason') or 'Terminated'} (exit {terminated.get('exitCode', '?')})"
+    role, index = api.pod_role(pod)
     return PodSummary(
         name=meta.get("name", ""),
-        role=labels.get(naming.LABEL_REPLICA_TYPE, "?"),
-        index=_int(labels.get(naming.LABEL_REPLICA_INDEX)),
+        role=role,
+        index=index,
         phase=shown,
         node=spec.get("nodeName") or "",
         restarts=int(container.get("restartCount") or 0),
@@ -143,28 +142,15 @@ def pod_order(pod: PodSummary) -> tuple[int, int, str]:
     return (0 if pod.role == "master" else 1, pod.index, pod.name)
 
 
-def pod_label(pod: dict[str, Any]) -> str:
-    return pod_summary(pod).label
+def container_started(pod: dict[str, Any], container: str) -> bool:
+    """Whether the container has (or had) a log to read: running or terminated, now or before."""
+    found = container_status(pod, container)
+    state, last = found.get("state") or {}, found.get("lastState") or {}
+    return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
 
 
-def pod_finished(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-def container_started(pod: dict[str, Any]) -> bool:
-    """Whether the `pytorch` container has (or had) a log to read: running or terminated, now or before."""
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
-        if c.get("name") == CONTAINER:
-            state, last = c.get("state") or {}, c.get("lastState") or {}
-            return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
-    return False
-
-
-def restart_count(pod: dict[str, Any]) -> int:
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
-        if c.get("name") == CONTAINER:
-            return int(c.get("restartCount") or 0)
-    return 0
+def container_running(pod: dict[str, Any], container: str) -> bool:
+    return bool((container_status(pod, container).get("state") or {}).get("running"))
 
 
 def warning_events(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -186,28 +172,22 @@ def event_summary(event: dict[str, Any]) -> dict[str, str]:
 # --- `orch list` -------------------------------------------------------------------------------------------
 
 
-def nodes_and_gpus(job: dict[str, Any]) -> tuple[int, int]:
-    """(pods, GPUs per pod) from the job's spec: Master + Worker replicas, the `pytorch` container's GPUs."""
-    replica_specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-    nodes = sum(int(r.get("replicas") or 0) for r in replica_specs.values())
-    gpus = 0
-    for replica in replica_specs.values():
-        containers = ((replica.get("template") or {}).get("spec") or {}).get("containers") or []
-        for c in containers:
-            if c.get("name") == CONTAINER:
-                limits = (c.get("resources") or {}).get("limits") or {}
-                gpus = max(gpus, _int(limits.get(GPU_RESOURCE)))
-    return nodes, gpus
+def template_gpus(template: dict[str, Any] | None, container: str) -> int:
+    """The GPUs a pod template's `container` asks for (its limit)."""
+    for c in ((template or {}).get("spec") or {}).get("containers") or []:
+        if c.get("name") == container:
+            return to_int(((c.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE))
+    return 0
 
 
-def list_row(job: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
+def list_row(api: JobAPI, job: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
     meta = job.get("metadata") or {}
-    nodes, gpus = nodes_and_gpus(job)
-    condition = phase_condition(job)
+    nodes, gpus = api.nodes_and_gpus(job)
+    condition = api.phase_condition(job)
     return {
         "name": meta.get("name", ""),
         "namespace": meta.get("namespace", ""),
-        "phase": phase(job),
+        "phase": api.phase(job),
         "age": age(meta.get("creationTimestamp", ""), now),
         "nodes": nodes,
         "gpus_per_node": gpus,
@@ -305,7 +285,7 @@ def _conditions(job: dict[str, Any]) -> list[dict[str, Any]]:
     return list((job.get("status") or {}).get("conditions") or [])
 
 
-def _int(value: Any) -> int:
+def to_int(value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):

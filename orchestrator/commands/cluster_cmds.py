@@ -1,7 +1,7 @@
 """`orch submit|status|list|logs|wait|delete`: run a job on the cluster kubectl points at, and follow it.
 
-Each command parses its flags, calls one function of `orchestrator.cluster` and prints. Only click and the
-stdlib are imported here; `kubernetes` comes in through `orchestrator.cluster`, inside the commands.
+Each command parses its flags, calls one function of the `orchestrator.cluster` package and prints. Only click
+and the stdlib are imported here; `kubernetes` comes in through `orchestrator.cluster`, inside the commands.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from orchestrator.commands.common import job_options, load_job, output_option
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
-    from orchestrator.cluster import Cluster
+    from orchestrator.cluster import Cluster, Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -252,7 +252,7 @@ def list_jobs(
 
     jobs = cluster.list_jobs(_connect(kubeconfig, context, namespace), all_namespaces=all_namespaces)
     now = datetime.datetime.now(datetime.timezone.utc)
-    rows = [job_state.list_row(job, now) for job in jobs]
+    rows = [job_state.list_row(job.api, job.obj, now) for job in jobs]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
@@ -346,8 +346,8 @@ def delete(
     """
     from orchestrator import cluster
 
-    cluster.delete_job(_connect(kubeconfig, context, namespace), name, wait=wait_, timeout=timeout)
-    click.echo(f"pytorchjob.kubeflow.org/{name} deleted")
+    job = cluster.delete_job(_connect(kubeconfig, context, namespace), name, wait=wait_, timeout=timeout)
+    click.echo(f"{job.ref} deleted")
 
 
 # --- shared by submit/wait ---------------------------------------------------------------------------------
@@ -355,29 +355,28 @@ def delete(
 
 def _wait(target: Cluster, name: str, *, timeout: int | None) -> int:
     from orchestrator import cluster
-    from orchestrator import status as job_state
 
     job = cluster.wait_for(target, name, timeout=timeout, on_phase=lambda phase: _note(f"{name}: {phase}"))
     if job is None:
         _note(f"timed out after {timeout}s waiting for job {name}")
         return EXIT_TIMEOUT
-    return _outcome(name, job_state.phase(job), job_state.phase_condition(job))
+    return _outcome(job)
 
 
 def _follow_to_end(target: Cluster, name: str) -> int:
     from orchestrator import cluster
-    from orchestrator import status as job_state
 
     job = cluster.stream_logs(target, name, emit=_print_line, notice=_note, follow=True)
     if job is None:
         return 1
-    return _outcome(name, job_state.phase(job), job_state.phase_condition(job))
+    return _outcome(job)
 
 
-def _outcome(name: str, phase: str, condition: dict[str, Any]) -> int:
-    if phase == "Succeeded":
-        _note(f"job {name} succeeded")
+def _outcome(job: Job) -> int:
+    if job.phase == "Succeeded":
+        _note(f"job {job.name} succeeded")
         return 0
+    condition = job.condition
     reason = ": ".join(p for p in (condition.get("reason"), condition.get("message")) if p)
-    _note(f"job {name} {phase.lower()}" + (f": {reason}" if reason else ""))
+    _note(f"job {job.name} {job.phase.lower()}" + (f": {reason}" if reason else ""))
     return 1

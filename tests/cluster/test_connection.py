@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import CONFIGMAPS, JOBS, PODMONITORS, write_kubeconfig
 from tests.conftest import require_tool
+from tests.fakes.cli import write_kubeconfig
+from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import JOBS, PODS
+from tests.fakes.emulator import JOBS, PODS
 
 NS = "team-a"
 

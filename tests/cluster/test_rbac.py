@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.conftest import CONFIGMAPS, JOBS
+from tests.fakes.emulator import CONFIGMAPS, JOBS
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "team-a"

@@ -1,4 +1,5 @@
-"""orchestrator.status: the phase and summaries derived from what the operator and kubelet report (pure)."""
+"""orchestrator.status and the PyTorchJob API: the phase and summaries derived from what the operator and
+kubelet report (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import click
 import pytest
 
 from orchestrator import status
+from orchestrator.cluster.apis.pytorchjob import API
 from orchestrator.commands.cluster_cmds import DURATION
-from tests.cluster.conftest import pod_object
+from tests.fakes.kube import pod_object
 
 
 def job(*conditions):
@@ -41,19 +43,19 @@ def job(*conditions):
     ],
 )
 def test_phase_precedence(conditions, phase):
-    assert status.phase(job(*conditions)) == phase
+    assert API.phase(job(*conditions)) == phase
 
 
 def test_phase_condition_carries_reason_and_message():
     j = job(("Created", "True"), ("Running", "False"), ("Failed", "True"))
-    assert status.phase_condition(j)["message"] == "Failed True"
-    assert status.phase_condition(job()) == {}
+    assert API.phase_condition(j)["message"] == "Failed True"
+    assert API.phase_condition(job()) == {}
 
 
 def test_pod_summary_explains_the_pod():
     crashing = pod_object("j-worker-2", "j", "worker", 2, state="running", restarts=3, last="OOMKilled:137")
     crashing["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
-    assert status.pod_summary(crashing) == status.PodSummary(
+    assert status.pod_summary(API, crashing) == status.PodSummary(
         name="j-worker-2",
         role="worker",
         index=2,
@@ -63,11 +65,14 @@ def test_pod_summary_explains_the_pod():
         last_termination="OOMKilled (exit 137)",
     )
     pending = pod_object("j-master-0", "j", "master", 0, state="waiting")
-    assert (status.pod_summary(pending).phase, status.pod_summary(pending).label) == ("Pending", "master-0")
-    assert not status.container_started(pending)
+    assert (status.pod_summary(API, pending).phase, status.pod_summary(API, pending).label) == (
+        "Pending",
+        "master-0",
+    )
+    assert not status.container_started(pending, API.container)
     terminating = pod_object("j-master-0", "j", "master", 0, state="running")
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert status.pod_summary(terminating).phase == "Terminating"
+    assert status.pod_summary(API, terminating).phase == "Terminating"
 
 
 def test_pods_in_rank_order():
@@ -75,7 +80,7 @@ def test_pods_in_rank_order():
         pod_object(f"j-{r}-{i}", "j", r, i, state="running")
         for r, i in (("worker", 10), ("worker", 2), ("master", 0), ("worker", 0))
     ]
-    names = [p.name for p in sorted(map(status.pod_summary, pods), key=status.pod_order)]
+    names = [p.name for p in sorted((status.pod_summary(API, p) for p in pods), key=status.pod_order)]
     assert names == ["j-master-0", "j-worker-0", "j-worker-2", "j-worker-10"]
 
 
@@ -93,10 +98,10 @@ def test_nodes_and_gpus_from_the_spec():
             },
         }
 
-    assert status.nodes_and_gpus(
+    assert API.nodes_and_gpus(
         {"spec": {"pytorchReplicaSpecs": {"Master": replica(1, 8), "Worker": replica(3, "8")}}}
     ) == (4, 8)
-    assert status.nodes_and_gpus({}) == (0, 0)
+    assert API.nodes_and_gpus({}) == (0, 0)
 
 
 @pytest.mark.parametrize(

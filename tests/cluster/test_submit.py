@@ -8,7 +8,8 @@ import re
 import yaml
 
 from orchestrator import loading, render
-from tests.cluster.conftest import CONFIGMAPS, JOBS, PODMONITORS, PODS, serve, write_kubeconfig
+from tests.fakes.cli import FAST, Env, write_kubeconfig
+from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS, PODS, serve
 
 NS = "team-a"  # the namespace of the kubeconfig's current context
 
@@ -170,8 +171,6 @@ def test_submit_creates_owned_objects_status_list_delete(env, job_file):
 def test_operator_missing_is_reported_and_nothing_is_created(tmp_path, job_file):
     with serve(operator=False) as kube:
         kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": NS}, current="dev")
-        from tests.cluster.conftest import FAST, Env
-
         env = Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
         result = env.orch("submit", str(job_file))
         assert result.exit_code == 1
@@ -195,8 +194,6 @@ def test_podmonitor_crd_missing_is_a_warning(tmp_path, job_file):
 
 
 def _orch(kube, kubeconfig, home, *args):
-    from tests.cluster.conftest import FAST, Env
-
     return Env(kube, kubeconfig, home, {"KUBECONFIG": str(kubeconfig), "HOME": str(home), **FAST}).orch(*args)
 
 

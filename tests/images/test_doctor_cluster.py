@@ -1,4 +1,4 @@
-"""`orch doctor --cluster` against the Kubernetes API emulator (tests/cluster/conftest.py), over real HTTP
+"""`orch doctor --cluster` against the Kubernetes API emulator (tests/fakes/), over real HTTP
 with the official client. The emulator has no authorizer, so the test answers the
 SelfSubjectAccessReview as the API server would; discovery, nodes and 403s are the emulator's own.
 """
@@ -15,7 +15,9 @@ pytest.importorskip("kmock")
 
 from orchestrator import doctor  # noqa: E402
 from orchestrator.doctor import FAIL, OK, WARN  # noqa: E402
-from tests.cluster.conftest import Kube, kmock, serve, write_kubeconfig  # noqa: E402
+from tests.fakes.cli import write_kubeconfig  # noqa: E402
+from tests.fakes.emulator import kmock, serve  # noqa: E402
+from tests.fakes.kube import Kube  # noqa: E402
 
 ORCH = str(Path(sys.executable).with_name("orch"))
 NODES = "v1/nodes"

@@ -1,0 +1,63 @@
+"""Everything orch says to a Kubernetes cluster, through the official `kubernetes` client.
+
+This package is the only code that imports `kubernetes`, and only inside functions: importing it costs
+~0.4 s, which `orch --help` and `orch render` must not pay. The client is injectable (`Cluster(api_client,
+...)`), so tests point it at an API emulator over real HTTP.
+
+- `errors`: the `ClusterError` family every failed request becomes.
+- `resources`: the Kubernetes resources orch touches, named once.
+- `client`: `Cluster`, one namespace of one cluster; one method = one request, retried and translated.
+- `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
+- `apis`: `JobAPI`, the interface each job API implements (`pytorchjob`, `trainjob`).
+- `objects`: submit (the job, then what it owns; all or nothing), prepare, roll back.
+- `jobs`: find a job on whichever API has it; status, list, wait, delete.
+- `logs`: every pod's log, once or followed (`LogFollower`).
+- `probes`: read-only facts for `orch doctor --cluster`.
+
+The names below are the package's public interface (what the commands use).
+"""
+
+from __future__ import annotations
+
+from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.connection import Target, connect, resolve_namespace
+from orchestrator.cluster.errors import (
+    AlreadyExists,
+    ClusterError,
+    ClusterUnreachable,
+    Forbidden,
+    KubeconfigError,
+    NotFound,
+    OperatorNotInstalled,
+)
+from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
+from orchestrator.cluster.logs import LogFollower, stream_logs
+from orchestrator.cluster.objects import Submission, prepare, submit
+from orchestrator.cluster.resources import Resource
+
+__all__ = [
+    "AlreadyExists",
+    "Cluster",
+    "ClusterError",
+    "ClusterUnreachable",
+    "Forbidden",
+    "Job",
+    "KubeconfigError",
+    "LogFollower",
+    "NotFound",
+    "OperatorNotInstalled",
+    "Resource",
+    "Submission",
+    "Target",
+    "connect",
+    "delete_job",
+    "job_status",
+    "list_jobs",
+    "locate",
+    "poll_seconds",
+    "prepare",
+    "resolve_namespace",
+    "stream_logs",
+    "submit",
+    "wait_for",
+]

@@ -1,0 +1,65 @@
+"""The job APIs orch submits to, behind one interface: `JobAPI`.
+
+Everything above this package (submit, status, list, logs, wait, delete, doctor) is written against `JobAPI`
+only; each API is one module that implements it (`pytorchjob`: Kubeflow Training Operator v1; `trainjob`:
+Kubeflow Trainer v2). The methods are pure functions of the objects the cluster returned; the I/O stays in
+`orchestrator.cluster.client`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from orchestrator.cluster.resources import Resource
+
+
+class JobAPI(Protocol):
+    key: str  # the value of job.yaml's `api:` and of `--api`: "pytorchjob" | "trainjob"
+    resource: Resource  # the job object itself
+    owned: tuple[Resource, ...]  # other kinds a submit of this API may create, owned by the job
+    container: str  # the training container: its log is the job's log, its exit code decides the job
+    operator: str  # what serves it, in words: "Kubeflow training operator"
+    install: str  # one line: how a cluster admin installs it (and where its docs are)
+
+    def pod_selector(self, name: str) -> str:
+        """Label selector of the job's pods, with the labels its controller puts on them."""
+        ...
+
+    def phase(self, job: dict[str, Any]) -> str:
+        """orch's phase of the job (status.PHASES), from the API's own conditions."""
+        ...
+
+    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+        """The condition that decided the phase (its reason and message explain it); {} if none."""
+        ...
+
+    def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
+        """{role: {active, succeeded, failed}} as the job's status counts them."""
+        ...
+
+    def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
+        """(role, index) of one of the job's pods, from its labels: ("master", 0), ("worker", 2), ("node", 1)."""
+        ...
+
+    def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
+        """The torchrun node rank of the pod with this role and index (`orch logs --rank`)."""
+        ...
+
+    def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
+        """(pods, GPUs per pod) from the job's spec (`orch list`)."""
+        ...
+
+    def related_names(self, name: str, pods: list[dict[str, Any]]) -> set[str]:
+        """Names of the objects whose warning events belong to the job (the job, its pods, ...)."""
+        ...
+
+
+def all_apis() -> tuple[JobAPI, ...]:
+    """Every API orch knows, in the order `orch submit --api auto` prefers them."""
+    from orchestrator.cluster.apis import pytorchjob
+
+    return (pytorchjob.API,)
+
+
+def by_key(key: str) -> JobAPI:
+    return next(api for api in all_apis() if api.key == key)

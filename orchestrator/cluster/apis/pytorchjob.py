@@ -1,0 +1,66 @@
+"""Kubeflow Training Operator v1: `kubeflow.org/v1` PyTorchJob (Master + Worker replicas).
+
+The operator's conditions are a history, not a state: `kubectl get`'s `conditions[-1].type` may be a
+condition whose status is "False" (Suspended=False after a resume, Running=False after success). So the phase
+is the highest-precedence condition whose status is "True" (see `PHASE_PRECEDENCE`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator import naming, status
+from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
+
+RESOURCE = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/"
+INSTALL = 'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"'
+
+# Highest first. Once Failed=True the operator stops updating conditions, so it wins over everything.
+PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+class PyTorchJobAPI:
+    key = "pytorchjob"
+    resource = RESOURCE
+    owned = (CONFIGMAP, PODMONITOR)
+    container = naming.CONTAINER_NAME  # the operator requires this name
+    operator = "Kubeflow training operator"
+    install = f"{INSTALL} (see {DOCS})"
+
+    def pod_selector(self, name: str) -> str:
+        return f"{naming.LABEL_OPERATOR_JOB_NAME}={name}"
+
+    def phase(self, job: dict[str, Any]) -> str:
+        return status.phase_by_precedence(job, PHASE_PRECEDENCE)
+
+    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+        return status.true_condition(job, self.phase(job))
+
+    def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
+        counts = (job.get("status") or {}).get("replicaStatuses") or {}
+        return {role: status.replica_counts(c) for role, c in sorted(counts.items())}
+
+    def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return labels.get(naming.LABEL_REPLICA_TYPE, "?"), status.to_int(
+            labels.get(naming.LABEL_REPLICA_INDEX)
+        )
+
+    def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
+        has_master = "Master" in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
+        return 0 if role == "master" else index + (1 if has_master else 0)
+
+    def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
+        """Master + Worker replicas, and the `pytorch` container's GPUs."""
+        replica_specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        nodes = sum(int(r.get("replicas") or 0) for r in replica_specs.values())
+        gpus = max((status.template_gpus(r.get("template"), self.container) for r in replica_specs.values()),
+                   default=0)  # fmt: skip
+        return nodes, gpus
+
+    def related_names(self, name: str, pods: list[dict[str, Any]]) -> set[str]:
+        return {name} | {(p.get("metadata") or {}).get("name", "") for p in pods}
+
+
+API = PyTorchJobAPI()

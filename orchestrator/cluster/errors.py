@@ -1,0 +1,37 @@
+"""The cluster's errors: every failed request becomes one of these (chained `from` the client's exception)."""
+
+from __future__ import annotations
+
+from orchestrator.errors import OrchError
+
+RBAC_HINT = "manifests/rbac.yaml has a Role with what orch needs; ask a cluster admin to bind it to you"
+
+
+class ClusterError(OrchError):
+    """The cluster refused or failed a request (exit 1)."""
+
+
+class KubeconfigError(ClusterError):
+    """No usable kubeconfig or context: nothing was sent (exit 2, like a usage error)."""
+
+    exit_code = 2
+
+
+class ClusterUnreachable(ClusterError):
+    """The API server could not be reached (after retries)."""
+
+
+class Forbidden(ClusterError):
+    """401/403: the credentials were rejected or lack a permission."""
+
+
+class NotFound(ClusterError):
+    pass
+
+
+class AlreadyExists(ClusterError):
+    pass
+
+
+class OperatorNotInstalled(ClusterError):
+    """The API server serves none of the job APIs orch can submit to (or not the one asked for)."""

@@ -1,0 +1,131 @@
+"""Finding a job by name on whichever API serves it, and reading it: status, list, wait, delete."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import naming, status
+from orchestrator.cluster.apis import JobAPI, all_apis
+from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.errors import ClusterError, NotFound
+from orchestrator.cluster.resources import EVENT, POD
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job object as the cluster returned it, with the API that reads it."""
+
+    api: JobAPI
+    obj: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def phase(self) -> str:
+        return self.api.phase(self.obj)
+
+    @property
+    def condition(self) -> dict[str, Any]:
+        return self.api.phase_condition(self.obj)
+
+    @property
+    def ref(self) -> str:
+        """kubectl's name for it: pytorchjob.kubeflow.org/demo."""
+        resource = self.api.resource
+        return f"{resource.kind.lower()}.{resource.group}/{self.name}"
+
+
+def locate(cluster: Cluster, name: str, apis: tuple[JobAPI, ...] | None = None) -> Job:
+    """The job called `name`, asking each API in turn (a 404 means: not a job of that API, or not served)."""
+    apis = apis or all_apis()
+    missing: NotFound | None = None
+    for api in apis:
+        try:
+            return Job(api, cluster.get(api.resource, name))
+        except NotFound as e:
+            missing = missing or e
+    if len(apis) == 1 and missing is not None:
+        raise missing
+    kinds = " or ".join(str(api.resource) for api in apis)
+    raise NotFound(f'job {name} not found in namespace "{cluster.namespace}" (no {kinds} of that name)')
+
+
+def refresh(cluster: Cluster, job: Job) -> Job:
+    return Job(job.api, cluster.get(job.api.resource, job.name))
+
+
+def job_pods(cluster: Cluster, job: Job) -> list[dict[str, Any]]:
+    return cluster.list(POD, selector=job.api.pod_selector(job.name))
+
+
+def job_status(cluster: Cluster, name: str) -> status.JobStatus:
+    job = locate(cluster, name)
+    pods = job_pods(cluster, job)
+    mine = job.api.related_names(job.name, pods)
+    events = [e for e in cluster.list(EVENT) if (e.get("involvedObject") or {}).get("name") in mine]
+    return status.job_status(job.api, job.obj, pods, events)
+
+
+def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
+    """orch's jobs (by its managed-by label) of every API the cluster serves, by namespace and name."""
+    jobs = []
+    for api in all_apis():
+        try:
+            found = cluster.list(
+                api.resource, selector=naming.MANAGED_SELECTOR, all_namespaces=all_namespaces
+            )
+        except NotFound:  # this API is not installed
+            continue
+        jobs += [Job(api, obj) for obj in found]
+    return sorted(jobs, key=lambda j: (j.obj["metadata"].get("namespace", ""), j.name, j.api.key))
+
+
+def wait_for(
+    cluster: Cluster,
+    name: str,
+    *,
+    timeout: float | None = None,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> Job | None:
+    """Poll the job until it Succeeded or Failed; returns it, or None if `timeout` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = None
+    job = locate(cluster, name)
+    while True:
+        if job.phase != seen:
+            on_phase(job.phase)
+            seen = job.phase
+        if job.phase in status.FINISHED:
+            return job
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return None
+        time.sleep(poll_seconds() if remaining is None else min(poll_seconds(), remaining))
+        job = refresh(cluster, job)
+
+
+def delete_job(cluster: Cluster, name: str, *, wait: bool = False, timeout: float = 600) -> Job:
+    """Delete the job; its pods and the objects submitted with it go too (ownerReferences).
+
+    With `wait`, deletion is Foreground (the job disappears only after its pods did) and this returns once
+    it is gone, so a new job of the same name cannot meet the old pods.
+    """
+    job = locate(cluster, name)
+    delete(cluster, job.api, name, wait=wait, timeout=timeout)
+    return job
+
+
+def delete(cluster: Cluster, api: JobAPI, name: str, *, wait: bool = False, timeout: float = 600) -> None:
+    cluster.delete(api.resource, name, propagation="Foreground" if wait else "Background")
+    if not wait:
+        return
+    deadline = time.monotonic() + timeout
+    while cluster.find(api.resource, name) is not None:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"job {name} was still being deleted after {timeout:.0f}s")
+        time.sleep(poll_seconds())

@@ -1,0 +1,32 @@
+"""The Kubernetes resources orch reads and writes, named once (group, version, plural, kind)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str  # "" for the core API
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def __str__(self) -> str:  # how kubectl and RBAC name it: pytorchjobs.kubeflow.org, configmaps
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+CONFIGMAP = Resource("", "v1", "configmaps", "ConfigMap")
+POD = Resource("", "v1", "pods", "Pod")
+POD_LOG = Resource("", "v1", "pods/log", "Pod")
+EVENT = Resource("", "v1", "events", "Event")
+NODE = Resource("", "v1", "nodes", "Node")
+VERSION = Resource("", "", "version", "Version")
+PODMONITOR = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+SELF_SUBJECT_ACCESS_REVIEW = Resource(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"
+)

@@ -1,0 +1,63 @@
+"""A user's side of the emulator: a kubeconfig pointing at it, and `orch` run as the console script runs."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from tests.fakes.kube import Kube
+
+
+def write_kubeconfig(path: Path, url: str, *, contexts: dict[str, str | None], current: str) -> Path:
+    """A kubeconfig like a user's: one cluster, a token user, a context per namespace."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
+        "contexts": [
+            {
+                "name": name,
+                "context": {"cluster": "emulator", "user": "tester", **({"namespace": ns} if ns else {})},
+            }
+            for name, ns in contexts.items()
+        ],
+        "current-context": current,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+FAST = {"ORCH_POLL_SECONDS": "0.05", "ORCH_API_BACKOFF_SECONDS": "0.01", "ORCH_API_RETRIES": "3"}
+
+
+@dataclass
+class Env:
+    kube: Kube
+    kubeconfig: Path
+    home: Path
+    vars: dict[str, str]
+
+    def orch(self, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+        """Run `orch` in this process exactly as the console script does (main(): errors, exit codes)."""
+        return CliRunner().invoke(_EntryPoint(), list(args), env={**self.vars, **(env or {})})
+
+
+class _EntryPoint:
+    """Lets CliRunner run `orchestrator.cli.main()` (which reads sys.argv and calls sys.exit)."""
+
+    name = "orch"
+
+    def main(self, args=(), prog_name=None, **_):  # type: ignore[no-untyped-def]
+        from orchestrator.cli import main
+
+        saved = sys.argv
+        sys.argv = ["orch", *args]
+        try:
+            main()
+        finally:
+            sys.argv = saved

@@ -1,0 +1,320 @@
+"""A Kubernetes API server for tests: kmock's emulator over real HTTP on 127.0.0.1, talked to by the
+unmodified official client (and kubectl).
+
+`RealisticK8s` closes the gaps of kmock 0.8 that orch would hit (see shared notes, offline-testing.md §1):
+uid/resourceVersion/creationTimestamp stamping, 201 on create, List kinds and labelSelector, watch
+timeouts, `/version/`, discovery. On top of that it emulates, because nothing here can run them:
+- `dryRun=All` (validated, not stored), and injected API failures (`Fault`: a status before any effect);
+- the kubelet's log endpoint (`follow`, `tailLines`, `sinceSeconds`, `timestamps`, container restarts);
+- the garbage collector: deleting an object deletes the objects whose ownerReferences name its uid.
+It touches kmock internals, hence the pin kmock==0.8 in pyproject.toml. `serve()` runs it on its own thread
+and yields a `tests.fakes.kube.Kube`, the test's handle on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.fakes.kube import Kube
+
+kmock = pytest.importorskip("kmock")
+from kmock._internal import enums, k8s  # noqa: E402  (internal: pinned kmock==0.8)
+
+JOBS = "kubeflow.org/v1/pytorchjobs"
+PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
+CONFIGMAPS = "v1/configmaps"
+PODS = "v1/pods"
+EVENTS = "v1/events"
+
+_resource_versions = itertools.count(1000)
+
+JOBS = "kubeflow.org/v1/pytorchjobs"
+PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
+CONFIGMAPS = "v1/configmaps"
+PODS = "v1/pods"
+EVENTS = "v1/events"
+
+
+def now_stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rfc3339nano(seconds: float) -> str:
+    """Like Go's time.RFC3339Nano, which the kubelet uses: trailing zeros of the fraction trimmed."""
+    whole = datetime.datetime.fromtimestamp(int(seconds), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    nanos = f"{round((seconds % 1) * 1e9):09d}".rstrip("0")
+    return f"{whole}.{nanos}Z" if nanos else f"{whole}Z"
+
+
+def _match_labels(obj: dict[str, Any], selector: str | None) -> bool:  # k=v, k==v, k!=v, k, !k
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (selector or "").split(",")):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            ok = labels.get(key) != value
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            ok = labels.get(key) == value
+        else:
+            ok = (term[1:] not in labels) if term.startswith("!") else (term in labels)
+        if not ok:
+            return False
+    return True
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    times: int
+    message: str
+    headers: dict[str, str]
+    hits: int = 0
+
+
+@dataclass
+class ContainerLog:
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    ended: bool = False
+
+
+class RealisticK8s(kmock.KubernetesEmulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.fallback["get /version/"] << self._serve_server_version
+        self.faults: list[Fault] = []
+        self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (ns, pod) -> one per container instance
+
+    async def _handle(self, request):  # type: ignore[no-untyped-def]
+        method = request.method.value.lower() if request.method else ""
+        for fault in self.faults:
+            if fault.times > 0 and fault.method == method and fault.path.fullmatch(request.url.path):
+                fault.times -= 1
+                fault.hits += 1
+                response = await self._render_error(
+                    k8s.KubernetesError(
+                        status=fault.status, reason=reason_phrase(fault.status), message=fault.message
+                    )
+                )
+                response.headers.update(fault.headers)
+                return response
+        if discovery := re.fullmatch(r"/api/(v1)/?|/apis/([^/]+)/([^/]+)/", request.url.path):
+            # A trailing slash (the Python client's core discovery call) is parsed by kmock as a list.
+            group, version = ("", "v1") if discovery[1] else (discovery[2], discovery[3])
+            try:
+                return kmock_json(self._discovery(group, version), status=200)
+            except k8s.KubernetesError as e:
+                return await self._render_error(e)
+        if request.resource is not None and request.subresource == "log":
+            return await self._serve_log(request)
+        if request.resource is not None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if request.action == enums.action.CREATE:
+                if request.namespace:
+                    meta.setdefault("namespace", request.namespace)
+                meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_stamp())
+                if request.params.get("dryRun") == "All":  # validated and answered, never stored
+                    return kmock_json(request.data, status=201)
+            if request.action in (enums.action.CREATE, enums.action.UPDATE):
+                meta["resourceVersion"] = str(next(_resource_versions))
+        owner_uid = None
+        if request.action == enums.action.DELETE and request.name is not None:
+            key = (request.resource, request.namespace, request.name)
+            if key in self.objects and not self.objects[key].deleted:
+                owner_uid = (self.objects[key].get("metadata") or {}).get("uid")
+        response = await super()._handle(request)
+        if owner_uid and response.status < 300:
+            await self._collect_garbage(owner_uid)
+        return response
+
+    async def _collect_garbage(self, owner_uid: str) -> None:
+        """What kube-controller-manager's garbage collector does (no controllers run here)."""
+        async with self._lock:
+            doomed = [
+                (resource, obj)
+                for (resource, _, _), obj in self.objects.items()
+                if not obj.deleted
+                and any(
+                    ref.get("uid") == owner_uid
+                    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                )
+            ]
+            uids = []
+            for resource, obj in doomed:
+                raw = obj.raw
+                uids.append((raw.get("metadata") or {}).get("uid"))
+                obj.delete()
+                await self._buses[resource].put({"type": "DELETED", "object": raw})
+        for uid in filter(None, uids):
+            await self._collect_garbage(uid)
+
+    async def _serve_version(self, request):  # type: ignore[no-untyped-def]
+        return self._discovery(request.resource.group, request.resource.version)
+
+    def _discovery(self, group: str, version: str) -> dict[str, Any]:
+        """An APIResourceList (kmock 0.8 says groupVersion "/v1" for the core group)."""
+        found = [r for r in self._get_resources() if r.group == group and r.version == version and r.plural]
+        if not found and group:
+            raise k8s.KubernetesResourceNotFoundError()
+        resources = []
+        for resource in found:
+            info = self.resources.get(resource) or kmock.ResourceInfo()
+            entry = {
+                "name": resource.plural,
+                "singularName": info.singular or "",
+                "namespaced": bool(info.namespaced),
+                "kind": info.kind or resource.plural.capitalize(),
+                "verbs": sorted(info.verbs),
+            }
+            resources.append(entry)
+            resources += [dict(entry, name=f"{resource.plural}/{sub}") for sub in sorted(info.subresources)]
+        group_version = f"{group}/{version}" if group else version
+        return {
+            "apiVersion": "v1",
+            "kind": "APIResourceList",
+            "groupVersion": group_version,
+            "resources": resources,
+        }
+
+    async def _render_error(self, exc):  # type: ignore[no-untyped-def]
+        response = await super()._render_error(exc)
+        response.headers["Content-Type"] = "application/json"
+        return response
+
+    async def _serve_create(self, request):  # type: ignore[no-untyped-def]
+        return kmock.Response(status=201, payload=await super()._serve_create(request))
+
+    async def _serve_list(self, request):  # type: ignore[no-untyped-def]
+        result, resource = await super()._serve_list(request), request.resource
+        info = self.resources.get(resource)
+        result["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
+        result["kind"] = ((info and info.kind) or resource.plural.capitalize()) + "List"
+        if selector := request.params.get("labelSelector"):
+            result["items"] = [o for o in result["items"] if _match_labels(o, selector)]
+        return result
+
+    async def _serve_watch(self, request):  # type: ignore[no-untyped-def]
+        stream, timeout = super()._serve_watch(request), request.params.get("timeoutSeconds")
+        deadline = asyncio.get_running_loop().time() + float(timeout) if timeout else None
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await anext(stream)
+            except (TimeoutError, StopAsyncIteration):
+                break
+            yield item
+        await stream.aclose()
+
+    async def _serve_log(self, request):  # type: ignore[no-untyped-def]
+        """The kubelet's container log, as the API server proxies it (text/plain, chunked when following)."""
+        import aiohttp.web
+
+        params, key = request.params, (request.namespace, request.name)
+        pod_key = (request.resource, request.namespace, request.name)
+        if pod_key not in self.objects or self.objects[pod_key].deleted:
+            return await self._render_error(k8s.KubernetesObjectNotFoundError())
+        containers = self.logs.get(key) or []
+        if params.get("previous") == "true":
+            containers = containers[:-1]
+        if not containers:
+            message = f'container "pytorch" in pod "{request.name}" is waiting to start: ContainerCreating'
+            return await self._render_error(
+                k8s.KubernetesError(status=400, reason="BadRequest", message=message)
+            )
+        log = containers[-1]
+        follow, stamps = params.get("follow") == "true", params.get("timestamps") == "true"
+        start = 0
+        if "tailLines" in params:
+            start = max(0, len(log.lines) - int(params["tailLines"]))
+        if "sinceSeconds" in params:
+            oldest = time.time() - int(params["sinceSeconds"])
+            start = max(start, next((i for i, (t, _) in enumerate(log.lines) if t >= oldest), len(log.lines)))
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        await response.prepare(request._raw_request)
+        sent = start
+        while True:
+            ended = log.ended  # read before the lines: lines written before the end are all sent
+            batch, sent = log.lines[sent:], len(log.lines)
+            for t, line in batch:
+                await response.write(((f"{_rfc3339nano(t)} " if stamps else "") + line + "\n").encode())
+            if not follow or (ended and sent == len(log.lines)):
+                break
+            await asyncio.sleep(0.01)
+        await response.write_eof()
+        return response
+
+
+def reason_phrase(status: int) -> str:
+    return {
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "NotFound",
+        409: "AlreadyExists",
+        429: "TooManyRequests",
+    }.get(status, "InternalError")
+
+
+def kmock_json(data: Any, status: int):  # type: ignore[no-untyped-def]
+    import aiohttp.web
+
+    return aiohttp.web.json_response(data, status=status)
+
+
+@contextlib.contextmanager
+def serve(*, operator: bool = True, prometheus_operator: bool = True) -> Iterator[Kube]:
+    """Run the emulator on its own thread and event loop (the sync client blocks); yields a `Kube`."""
+    ready, box, loop = threading.Event(), {}, asyncio.new_event_loop()
+
+    def declare(k: RealisticK8s) -> None:
+        info = kmock.ResourceInfo
+        k.resources[CONFIGMAPS] = info(
+            kind="ConfigMap", namespaced=True, verbs={"create", "get", "list", "delete"}
+        )
+        k.resources[PODS] = info(
+            kind="Pod", namespaced=True, verbs={"get", "list"}, subresources={"log", "status"}
+        )
+        k.resources[EVENTS] = info(kind="Event", namespaced=True, verbs={"list"})
+        if operator:
+            k.resources[JOBS] = info(
+                kind="PyTorchJob",
+                namespaced=True,
+                verbs={"create", "get", "list", "delete"},
+                subresources={"status"},
+            )
+        if prometheus_operator:
+            k.resources[PODMONITORS] = info(
+                kind="PodMonitor", namespaced=True, verbs={"create", "get", "delete"}
+            )
+
+    async def main() -> None:
+        async with RealisticK8s() as k, kmock.Server(k) as server:
+            declare(k)
+            box.update(k=k, url=str(server.url).rstrip("/"), stop=asyncio.Event())
+            ready.set()
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("kmock did not start")
+    try:
+        from tests.fakes.kube import Kube
+
+        yield Kube(box["k"], box["url"], loop)
+    finally:
+        loop.call_soon_threadsafe(box["stop"].set)
+        thread.join(5)
