@@ -1,7 +1,7 @@
 """Checks a Kubernetes control plane would make on orch's objects, offline.
 
-- CRD schemas: the real CRDs in ../shared/schemas/ (read from there, never copied into the repo), turned into
-  strict JSON Schema: where the CRD lists `properties`, any other key is an error, as with
+- CRD schemas: the real CRDs, found through tests/schemas.py (`ORCH_CRD_SCHEMAS`, never copied into the
+  repo), turned into strict JSON Schema: where the CRD lists `properties`, any other key is an error, as with
   `kubectl apply --validate=strict` (the apiserver would silently prune it instead).
 - The Kubeflow training operator v1.9 validating webhook (pkg/webhooks/pytorch/pytorchjob_webhook.go), hand-ported.
 - Built-in kinds (ConfigMap, and each pod template as a Pod) against kubernetes-validate's strict schemas.
@@ -18,8 +18,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tests.schemas import crd_file
+
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = REPO.parent / "shared" / "schemas"
 CRD_FILES = {
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs.kubeflow.org.yaml",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors.monitoring.coreos.com.yaml",
@@ -61,7 +62,7 @@ def to_jsonschema(node: Any, strict: bool = True) -> Any:
 
 @functools.cache
 def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
-    path = SCHEMAS / CRD_FILES[(api_version, kind)]
+    path = crd_file(CRD_FILES[(api_version, kind)])
     crd = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     version = api_version.split("/")[-1]
     served = next(v for v in crd["spec"]["versions"] if v["name"] == version)

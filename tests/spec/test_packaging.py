@@ -121,3 +121,17 @@ def test_render_from_the_installed_wheel(wheel, tmp_path):
     )
     assert installed.returncode == 0, installed.stderr
     assert installed.stdout == checkout.stdout and "kind: PyTorchJob" in installed.stdout
+
+
+def test_wheel_ships_every_module_and_manifest(wheel):
+    """A new subpackage (or manifests/ subfolder) must be listed in pyproject.toml, or the wheel lacks it."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    sources = {
+        f"orchestrator/{p.relative_to(REPO / 'orchestrator')}" for p in (REPO / "orchestrator").rglob("*.py")
+    }
+    manifests = {
+        f"orchestrator/manifests/{p.relative_to(REPO / 'manifests')}"
+        for p in (REPO / "manifests").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert sorted((sources | manifests) - names) == []
