@@ -14,7 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e '.[train,dev]'
+	# setuptools' one informational notice about editable installs of a mapped folder (manifests/) is silenced
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[train,dev]'
 	touch $@
 
 demo: install
