@@ -10,11 +10,11 @@ TORCH_SPEC ?= torch==2.13.0
 
 install: $(VENV)/.installed
 
+# PYTHONWARNINGS: silences setuptools' informational notice on editable installs of a mapped folder (manifests/)
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	# setuptools' one informational notice about editable installs of a mapped folder (manifests/) is silenced
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[train,dev]'
 	touch $@
 
