@@ -37,7 +37,8 @@ TRAINER_MODULE = "orchestrator.trainer"
 SHM_PER_GPU_GI = 2  # /dev/shm default: 2Gi per GPU (NCCL ~33M per communicator + pinned DataLoader batches)
 SHM_CPU_DEFAULT = "1Gi"  # /dev/shm default of a CPU pod (gloo and DataLoader workers)
 CLEAN_POD_POLICY = "Running"  # on finish, delete pods still running (frees GPUs); keep finished ones for logs
-RESTART_POLICIES = {"on-failure": "OnFailure", "exit-code": "ExitCode", "never": "Never"}
+# job: OnFailure, so a pod whose agent gave up (or that was killed) comes back and rejoins the rendezvous.
+RESTART_POLICIES = {"job": "OnFailure", "on-failure": "OnFailure", "exit-code": "ExitCode", "never": "Never"}
 VOLUME_SHM, VOLUME_CONFIG, VOLUME_OUTPUT = "orch-shm", "orch-config", "orch-output"
 
 # Characters PyYAML's reader refuses anywhere in a stream, plus the ones YAML 1.1 reads as line breaks
@@ -169,8 +170,14 @@ def torchrun_command(spec: JobSpec) -> list[str]:
     return [*launcher, "-m", TRAINER_MODULE, "--config", naming.TRAIN_CONFIG_PATH]
 
 
+def _elastic_agent(spec: JobSpec) -> bool:
+    """Whether torchrun runs as an elastic agent: `elastic:` jobs, and restart.policy job on a PyTorchJob
+    (min = max = nodes: any failed process makes every agent restart its workers and re-form the group)."""
+    return spec.elastic is not None or spec.restart.policy == "job"
+
+
 def _replicas(spec: JobSpec) -> list[dict[str, Any]]:
-    if spec.elastic is not None:
+    if _elastic_agent(spec):
         # Elastic jobs are Workers only: the operator points PET_RDZV_ENDPOINT at worker-0 and scales Workers.
         return [{"type": "Worker", "count": spec.nodes}]
     replicas = [{"type": "Master", "count": 1}]
@@ -179,8 +186,17 @@ def _replicas(spec: JobSpec) -> list[dict[str, Any]]:
     return replicas
 
 
+def _backoff_limit(spec: JobSpec) -> int:
+    """runPolicy.backoffLimit: container restarts (summed over the pods) before the job fails. Under
+    restart.policy job a restart that goes through the pods (an agent gave up, a pod was killed) restarts up
+    to every pod once, so the bound is max_restarts x nodes."""
+    if spec.restart.policy == "job":
+        return spec.restart.max_restarts * spec.nodes
+    return spec.restart.backoff_limit
+
+
 def _run_policy(spec: JobSpec) -> dict[str, Any]:
-    policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": spec.restart.backoff_limit}
+    policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": _backoff_limit(spec)}
     if spec.deadline is not None:
         policy["activeDeadlineSeconds"] = spec.deadline
     if spec.ttl_after_finished is not None:
@@ -190,7 +206,14 @@ def _run_policy(spec: JobSpec) -> dict[str, Any]:
 
 def _elastic_policy(spec: JobSpec) -> dict[str, Any] | None:
     if spec.elastic is None:
-        return None
+        if spec.restart.policy != "job":
+            return None
+        return {
+            "rdzvBackend": "c10d",
+            "minReplicas": spec.nodes,
+            "maxReplicas": spec.nodes,
+            "maxRestarts": spec.restart.max_restarts,
+        }
     return {
         "rdzvBackend": "c10d",
         "minReplicas": spec.elastic.min_nodes,

@@ -302,18 +302,70 @@ class Toleration(Model):
     toleration_seconds: int | None = None
 
 
+class Topology(Model):
+    """Kueue topology-aware scheduling: keep all of the job's pods within one domain of a node label."""
+
+    required: LabelKey | None = None
+    """Node label of the topology level every pod must share (e.g. cloud.provider.com/topology-block)."""
+    preferred: LabelKey | None = None
+    """Like `required`, but Kueue may spread the pods wider when one domain has no room."""
+
+    @model_validator(mode="after")
+    def _one_level(self) -> Topology:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError(
+                "set exactly one of required or preferred (a node label naming a topology level)"
+            )
+        return self
+
+
+def _kueue_name(what: str) -> Any:
+    return Annotated[str, AfterValidator(_check(LABEL_VALUE, what, 63))]
+
+
 class Scheduling(Model):
-    queue: Annotated[str, AfterValidator(_check(LABEL_VALUE, "Kueue queue name", 63))] | None = None
-    """Kueue LocalQueue: rendered as the kueue.x-k8s.io/queue-name label."""
+    queue: _kueue_name("Kueue queue name") | None = None  # type: ignore[valid-type]
+    """Kueue LocalQueue: rendered as the kueue.x-k8s.io/queue-name label; Kueue admits the whole job at once."""
+    priority: _kueue_name("Kueue WorkloadPriorityClass name") | None = None  # type: ignore[valid-type]
+    """Kueue WorkloadPriorityClass (the kueue.x-k8s.io/priority-class label); needs `queue`."""
     priority_class: Dns1123Name | None = None
+    """The pods' Kubernetes PriorityClass (priorityClassName); with Volcano also the PodGroup's."""
     scheduler: Dns1123Name | None = None
-    """schedulerName of the pods, e.g. volcano."""
+    """schedulerName of the pods, e.g. volcano or scheduler-plugins-scheduler (the coscheduler)."""
+    gang: bool | None = None
+    """All-or-nothing scheduling of the job's pods. None: on for jobs of more than one pod."""
+    topology: Topology | None = None
+    """Kueue topology-aware scheduling (needs `queue`)."""
 
 
 class Restart(Model):
-    policy: Literal["on-failure", "exit-code", "never"] = "on-failure"
-    """exit-code: retry only exit codes >= 128 (signals, OOM kills); 1-127 fail the job at once."""
+    policy: Literal["job", "on-failure", "exit-code", "never"] | None = None
+    """job: any pod failing restarts every pod of the job together (resume from the last checkpoint), at most
+    `max_restarts` times. on-failure: the failed pod alone restarts (`backoff_limit` bounds it). exit-code:
+    like on-failure, but only exit codes >= 128 (signals, OOM kills); 1-127 fail the job at once.
+    None (the default) is resolved by JobSpec: job for jobs of more than one node (elastic ones excepted),
+    else on-failure; a JobSpec's restart.policy is never None."""
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+    """policy job: how many times the whole job may restart before it fails."""
     backoff_limit: Annotated[int, Field(ge=0)] = 3
+    """on-failure / exit-code: pod restarts before the job fails."""
+
+
+class Output(Model):
+    """Where the pods' output dir (/orch/output: checkpoints, reports) lives; default an emptyDir."""
+
+    pvc: Dns1123Name
+    """PersistentVolumeClaim mounted at the output dir (ReadWriteMany for jobs of more than one node)."""
+    sub_path: Annotated[str, Field(min_length=1)] | None = None
+    """Folder inside the claim. None: the job's name, so jobs sharing a claim keep apart and a resubmitted
+    job finds its checkpoints."""
+
+    @field_validator("sub_path")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError(f"{value!r} must be a relative path inside the claim (no leading /, no ..)")
+        return value
 
 
 class Elastic(Model):
@@ -345,6 +397,9 @@ class Metrics(Model):
 # --- the job -------------------------------------------------------------------------------------------------
 
 
+APIS = ("auto", "pytorchjob", "trainjob")
+
+
 class JobSpec(Model):
     name: Annotated[
         str,
@@ -357,6 +412,12 @@ class JobSpec(Model):
         ),
     ]
     namespace: Dns1123Label | None = None
+    api: Literal["auto", "pytorchjob", "trainjob"] = "auto"
+    """Which Kubeflow API runs the job: pytorchjob (training operator v1), trainjob (Trainer v2), or auto
+    (`orch render`: pytorchjob; `orch submit`: whichever the cluster serves)."""
+    runtime: Dns1123Name | None = None
+    """TrainJob only: a ClusterTrainingRuntime the platform provides. None: orch renders a TrainingRuntime
+    of its own next to the TrainJob."""
     image: ImageRef | None = None
     nodes: PositiveInt = 1
     gpus_per_node: Annotated[int, Field(ge=0)] = 0
@@ -375,6 +436,7 @@ class JobSpec(Model):
     scheduling: Scheduling = Scheduling()
     restart: Restart = Restart()
     elastic: Elastic | None = None
+    output: Output | None = None
     deadline: Duration | None = None
     """activeDeadlineSeconds of the job."""
     ttl_after_finished: Duration | None = None
@@ -390,6 +452,15 @@ class JobSpec(Model):
         if isinstance(data, dict) and data.get("procs_per_node") is None:
             gpus = data.get("gpus_per_node") or 0
             data = {**data, "procs_per_node": gpus if isinstance(gpus, int) and gpus > 0 else 1}
+        if isinstance(data, dict) and isinstance(data.get("restart", {}), dict):
+            restart = data.get("restart") or {}
+            if restart.get("policy") is None:
+                # One pod restarted alone cannot rejoin its peers' communicator (the job hangs), so jobs of
+                # more than one node restart whole; elastic jobs re-form through torchrun's own agent.
+                nodes = data.get("nodes", 1)
+                multi = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
+                policy = "job" if multi and data.get("elastic") is None else "on-failure"
+                data = {**data, "restart": {**restart, "policy": policy}}
         return data
 
     @model_validator(mode="after")
@@ -424,11 +495,43 @@ class JobSpec(Model):
             raise FieldError("volumes", f"mount path {dup!r} {reason}")
         if clash := sorted(set(self.env) & set(self.secret_env)):
             raise FieldError("secret_env", f"{clash[0]!r} is set in both env and secret_env")
+        if self.elastic is not None and self.restart.policy == "job":
+            raise FieldError(
+                "restart.policy",
+                "elastic jobs restart through torchrun's elastic agent (elastic.max_restarts); "
+                "drop restart.policy: job or elastic",
+            )
+        for field in ("priority", "topology"):
+            if getattr(self.scheduling, field) is not None and self.scheduling.queue is None:
+                raise FieldError(
+                    f"scheduling.{field}", f"needs scheduling.queue (Kueue applies {field} to queued jobs)"
+                )
+        if problem := api_problem(self, self.api):
+            raise FieldError(*problem)
         return self
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def gang(self) -> bool:
+        """Whether the pods are scheduled all or nothing: scheduling.gang, else on for more than one pod."""
+        return self.scheduling.gang if self.scheduling.gang is not None else self.nodes > 1
+
+
+def api_problem(spec: JobSpec, api: str) -> tuple[str, str] | None:
+    """(field, why) when `spec` cannot be expressed as `api`; None when it can. auto is checked per API."""
+    if api == "pytorchjob" and spec.runtime is not None:
+        return "runtime", "names a Trainer v2 ClusterTrainingRuntime; it needs api: trainjob"
+    if api != "trainjob":
+        return None
+    if spec.elastic is not None:
+        return (
+            "elastic",
+            "TrainJob (Trainer v2) has no elastic training (removed in v2.2); use api: pytorchjob",
+        )
+    return None
 
 
 # Paths orch mounts into every pod (see manifests/pytorchjob.yaml.j2); a user volume cannot take them.

@@ -80,7 +80,8 @@ maybe_empty = st.one_of(st.just(""), nasty)
 
 
 def no_space(text: str) -> str:
-    return "".join(c for c in text if not c.isspace()) or "x"
+    """An image reference: no whitespace, and not starting with '/' (the spec refuses both)."""
+    return "".join(c for c in text if not c.isspace()).lstrip("/") or "x"
 
 
 def nested(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

@@ -41,9 +41,39 @@ def env(job):
     [(1, {"Master": 1}), (2, {"Master": 1, "Worker": 1}), (5, {"Master": 1, "Worker": 4})],
 )
 def test_master_is_one_explicit_replica_and_workers_the_rest(tmp_path, nodes, expected):
-    job = objects(tmp_path, BASE, f"nodes={nodes}")["PyTorchJob"]
+    job = objects(tmp_path, BASE, f"nodes={nodes}", "restart.policy=on-failure")["PyTorchJob"]
     assert replicas(job) == expected
     assert "elasticPolicy" not in job["spec"]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_restart_policy_job_is_an_elastic_agent_with_a_fixed_size(tmp_path, nodes):
+    """restart.policy job on a PyTorchJob: torchrun's elastic agent with min = max = nodes, so a failed
+    process makes every agent restart its workers and the whole group re-forms (never a partial group)."""
+    job = objects(tmp_path, BASE, f"nodes={nodes}", "restart.policy=job", "restart.max_restarts=5")[
+        "PyTorchJob"
+    ]
+    assert replicas(job) == {"Worker": nodes}
+    assert job["spec"]["elasticPolicy"] == {
+        "rdzvBackend": "c10d",
+        "minReplicas": nodes,
+        "maxReplicas": nodes,
+        "maxRestarts": 5,
+    }
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 5 * nodes
+
+
+@pytest.mark.parametrize(
+    ("extra", "policy"),
+    [
+        ("nodes: 1\n", "on-failure"),
+        ("nodes: 2\n", "job"),
+        ("nodes: 2\nelastic: {min_nodes: 1, max_nodes: 2}\n", "on-failure"),
+    ],
+)
+def test_restart_policy_defaults_to_job_for_multi_node_jobs(tmp_path, extra, policy):
+    assert load(BASE + extra, tmp_path).restart.policy == policy
 
 
 def test_elastic_jobs_are_workers_only_with_a_c10d_policy(tmp_path):
@@ -232,6 +262,7 @@ def test_pod_overrides_merge_into_every_replica(tmp_path):
     text = (
         BASE
         + """nodes: 2
+restart: {policy: on-failure}
 pod_overrides:
   hostIPC: true
   securityContext: {runAsNonRoot: true}
