@@ -418,32 +418,21 @@ def cluster_checks(
 
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     """Judge `orchestrator.cluster.probes.gather`'s plain-data answer (see that function for its keys)."""
-    from orchestrator.cluster.apis.pytorchjob import (
-        INSTALL as OPERATOR_INSTALL,
-    )  # kubernetes stays unimported
+    from orchestrator.cluster.resources import JOBSET, KUEUE_GROUP  # constants; kubernetes stays unimported
 
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
-    served = facts.get("pytorchjob_versions") or []
-    if "v1" in served:
-        checks.append(Check("PyTorchJob CRD", OK, f"kubeflow.org {', '.join(served)}"))
-    elif served:
-        checks.append(
-            Check(
-                "PyTorchJob CRD",
-                FAIL,
-                f"kubeflow.org serves pytorchjobs only as {', '.join(served)}",
-                "install Kubeflow Training Operator v1.7+ (kubeflow.org/v1 PyTorchJob)",
-            )
-        )
-    else:
-        checks.append(
-            Check(
-                "PyTorchJob CRD",
-                FAIL,
-                "pytorchjobs.kubeflow.org is not installed",
-                f"install the Kubeflow Training Operator: {OPERATOR_INSTALL}",
-            )
-        )
+    apis = facts.get("apis") or {}
+    served = {key for key, api in apis.items() if api.get("versions")}
+    checks += [_api_check(key, api, served) for key, api in apis.items()]
+    if "trainjob" in served:
+        checks.append(_jobset_check(JOBSET.group, facts.get("jobset_versions") or []))
+        checks.append(_runtimes_check(facts.get("cluster_runtimes"), facts.get("runtimes_error")))
+    kueue = facts.get("kueue_versions") or []
+    checks.append(
+        Check("Kueue", OK, f"{KUEUE_GROUP} {', '.join(kueue)}")
+        if kueue
+        else Check("Kueue", OK, "not installed (only `scheduling.queue` needs it)")
+    )
     monitoring = set(facts.get("monitoring_resources") or [])
     missing = [name for name in MONITORING_NEEDED if name not in monitoring]
     if missing:
@@ -458,8 +447,49 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     else:
         checks.append(Check("Prometheus Operator CRDs", OK, ", ".join(sorted(monitoring))))
     checks.append(_gpu_nodes_check(facts.get("nodes"), facts.get("nodes_error")))
-    checks.append(_access_check(facts))
+    checks += [_access_check(facts, key, apis[key]["kind"]) for key in apis if key in served]
     return checks
+
+
+def _api_check(key: str, api: dict[str, Any], served: set[str]) -> Check:
+    """One job API: served (with its versions), or not; missing is a failure only when neither API is served."""
+    from orchestrator.cluster.apis import by_key  # a table of constants; kubernetes stays unimported
+
+    job_api = by_key(key)
+    name = f"{api['kind']} CRD"
+    if api.get("versions"):
+        return Check(name, OK, f"{api['group']} {', '.join(api['versions'])} ({job_api.operator})")
+    detail = f"{job_api.resource} is not installed"
+    if served:
+        others = " and ".join(sorted(served))
+        return Check(name, OK, f"{detail}; `api: auto` submits to {others}")
+    return Check(name, FAIL, detail, f"install the {job_api.operator}: {job_api.install}")
+
+
+def _jobset_check(group: str, versions: list[str]) -> Check:
+    if versions:
+        return Check("JobSet", OK, f"{group} {', '.join(versions)}")
+    return Check(
+        "JobSet",
+        FAIL,
+        f"{group} is not served: TrainJobs cannot start without it",
+        "install JobSet (the Kubeflow Trainer Helm chart installs it as a dependency)",
+    )
+
+
+def _runtimes_check(names: list[str] | None, error: str | None) -> Check:
+    if names is None:
+        return Check(
+            "training runtimes",
+            WARN,
+            f"cannot list ClusterTrainingRuntimes ({error})",
+            "only `runtime: NAME` needs them; ask an admin which runtimes exist",
+        )
+    if not names:
+        return Check(
+            "training runtimes", OK, "no ClusterTrainingRuntimes (orch renders a TrainingRuntime per job)"
+        )
+    return Check("training runtimes", OK, f"ClusterTrainingRuntimes: {', '.join(names)}")
 
 
 def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> Check:
@@ -486,25 +516,25 @@ def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> C
     return Check("GPU nodes", OK, f"{len(gpu_nodes)} node(s): {summary}")
 
 
-def _access_check(facts: dict[str, Any]) -> Check:
+def _access_check(facts: dict[str, Any], key: str, kind: str) -> Check:
     namespace = facts.get("namespace") or "default"
-    allowed = facts.get("can_create_pytorchjobs")
-    if allowed is None:
+    access = (facts.get("access") or {}).get(key) or {}
+    plural = f"{kind.lower()}s"
+    if "allowed" not in access:
         return Check(
-            "permissions",
+            f"permissions ({kind})",
             WARN,
-            f"could not ask the API server ({facts.get('access_error')})",
-            "try `kubectl auth can-i create pytorchjobs.kubeflow.org -n " + namespace + "`",
+            f"could not ask the API server ({access.get('error')})",
+            f"try `kubectl auth can-i create {plural} -n {namespace}`",
         )
-    if not allowed:
-        reason = facts.get("access_reason") or "denied"
+    if not access["allowed"]:
         return Check(
-            "permissions",
+            f"permissions ({kind})",
             FAIL,
-            f"you may not create pytorchjobs in namespace {namespace} ({reason})",
+            f"you may not create {plural} in namespace {namespace} ({access.get('reason') or 'denied'})",
             "ask an admin to bind manifests/rbac.yaml's Role to you, or pick another -n",
         )
-    return Check("permissions", OK, f"may create pytorchjobs in namespace {namespace}")
+    return Check(f"permissions ({kind})", OK, f"may create {plural} in namespace {namespace}")
 
 
 def format_table(checks: list[Check]) -> str:

@@ -49,6 +49,7 @@ class PodSummary:
 class JobStatus:
     name: str
     namespace: str
+    kind: str  # PyTorchJob | TrainJob
     phase: str
     reason: str
     message: str
@@ -56,6 +57,7 @@ class JobStatus:
     created: str
     start_time: str
     completion_time: str
+    restarts: int  # whole-job restarts (TrainJob: JobSet recreated every pod); PyTorchJob: most of one pod
     pods: list[PodSummary] = field(default_factory=list)
     events: list[dict[str, str]] = field(default_factory=list)
 
@@ -94,6 +96,7 @@ def job_status(
     return JobStatus(
         name=meta.get("name", ""),
         namespace=meta.get("namespace", ""),
+        kind=api.resource.kind,
         phase=api.phase(job),
         reason=condition.get("reason", ""),
         message=condition.get("message", ""),
@@ -101,6 +104,7 @@ def job_status(
         created=meta.get("creationTimestamp", ""),
         start_time=status.get("startTime", ""),
         completion_time=status.get("completionTime", ""),
+        restarts=api.restarts(job, list(pods)),
         pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
     )
@@ -132,7 +136,7 @@ def pod_summary(api: JobAPI, pod: dict[str, Any]) -> PodSummary:
         index=index,
         phase=shown,
         node=spec.get("nodeName") or "",
-        restarts=int(container.get("restartCount") or 0),
+        restarts=restart_count(pod, api.container),
         last_termination=last,
     )
 
@@ -147,6 +151,10 @@ def container_started(pod: dict[str, Any], container: str) -> bool:
     found = container_status(pod, container)
     state, last = found.get("state") or {}, found.get("lastState") or {}
     return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
+
+
+def restart_count(pod: dict[str, Any], container: str) -> int:
+    return int(container_status(pod, container).get("restartCount") or 0)
 
 
 def container_running(pod: dict[str, Any], container: str) -> bool:
@@ -187,6 +195,7 @@ def list_row(api: JobAPI, job: dict[str, Any], now: datetime.datetime) -> dict[s
     return {
         "name": meta.get("name", ""),
         "namespace": meta.get("namespace", ""),
+        "kind": api.resource.kind,
         "phase": api.phase(job),
         "age": age(meta.get("creationTimestamp", ""), now),
         "nodes": nodes,
@@ -233,11 +242,13 @@ def format_status(status: JobStatus) -> str:
     lines = [
         f"Name:        {status.name}",
         f"Namespace:   {status.namespace}",
+        f"Kind:        {status.kind}",
         f"Phase:       {status.phase}" + (f" ({status.reason})" if status.reason else ""),
     ]
     if status.message:
         lines.append(f"Message:     {status.message}")
     lines += [f"Started:     {status.start_time or '-'}", f"Completed:   {status.completion_time or '-'}"]
+    lines.append(f"Restarts:    {status.restarts}")
     if status.replicas:
         lines += ["", "Replicas:"]
         rows = [["ROLE", "ACTIVE", "SUCCEEDED", "FAILED"]]
@@ -264,13 +275,14 @@ def format_status(status: JobStatus) -> str:
 
 
 def format_list(rows: list[dict[str, Any]], *, wide: bool = False, all_namespaces: bool = False) -> str:
-    header = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "PHASE", "AGE", "NODES x GPUS"]
+    header = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "KIND", "PHASE", "AGE", "NODES x GPUS"]
     if wide:
         header += ["REASON", "CREATED"]
     out = [header]
     for r in rows:
         line = ([r["namespace"]] if all_namespaces else []) + [
             r["name"],
+            r["kind"],
             r["phase"],
             r["age"] or "-",
             f"{r['nodes']} x {r['gpus_per_node']}",

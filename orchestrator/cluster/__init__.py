@@ -32,7 +32,7 @@ from orchestrator.cluster.errors import (
 )
 from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
 from orchestrator.cluster.logs import LogFollower, stream_logs
-from orchestrator.cluster.objects import Submission, prepare, submit
+from orchestrator.cluster.objects import Submission, choose_api, prepare, submit
 from orchestrator.cluster.resources import Resource
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterUnreachable",
+    "choose_api",
     "Forbidden",
     "Job",
     "KubeconfigError",

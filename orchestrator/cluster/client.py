@@ -92,6 +92,19 @@ class Cluster:
             return None
         return [str(r.get("name")) for r in _json(raw).get("resources") or []]
 
+    def api_groups(self) -> dict[str, list[str]]:
+        """Every API group the server serves, with its versions (preferred first): one discovery request."""
+        from kubernetes import client
+
+        probe = Resource("", "", "apis", "APIGroupList")
+        raw = self._call("get", probe, None, client.ApisApi(self.api_client).get_api_versions)
+        groups = {}
+        for group in _json(raw).get("groups") or []:
+            preferred = (group.get("preferredVersion") or {}).get("version")
+            versions = [v.get("version") for v in group.get("versions") or [] if v.get("version")]
+            groups[str(group.get("name"))] = sorted(versions, key=lambda v: v != preferred)
+        return groups
+
     def served(self, resource: Resource) -> bool:
         """Whether API discovery lists `resource`."""
         return resource.plural in (self.api_resources(resource.group, resource.version, what=resource) or [])
@@ -170,6 +183,12 @@ class Cluster:
             args = (resource.group, resource.version, self.namespace, resource.plural)
             raw = self._call("list", resource, None, fn, *args, **options)
         return list(_json(raw).get("items") or [])
+
+    def patch(self, resource: Resource, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of one custom object (orch adds ownerReferences this way)."""
+        fn = self.custom.patch_namespaced_custom_object
+        args = (resource.group, resource.version, self.namespace, resource.plural, name, changes)
+        return _json(self._call("patch", resource, name, fn, *args))
 
     def delete(self, resource: Resource, name: str, *, propagation: str = "Background") -> None:
         if resource == CONFIGMAP:

@@ -66,7 +66,7 @@ def job_pods(cluster: Cluster, job: Job) -> list[dict[str, Any]]:
 def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     job = locate(cluster, name)
     pods = job_pods(cluster, job)
-    mine = job.api.related_names(job.name, pods)
+    mine = job.api.related_names(job.obj, pods)
     events = [e for e in cluster.list(EVENT) if (e.get("involvedObject") or {}).get("name") in mine]
     return status.job_status(job.api, job.obj, pods, events)
 

@@ -120,6 +120,7 @@ class LogFollower:
         self.waiting_noted: set[str] = set()
         self.finished_at: float | None = None
         self.first_round = True
+        self.restarts = 0  # whole-job restarts seen so far
 
     def run(self) -> jobs.Job | None:
         self.refresh()
@@ -151,6 +152,11 @@ class LogFollower:
         if self.finished_at is None and self.job.phase in status.FINISHED:
             self.finished_at = time.monotonic()
         pods = self.selection.pods(self.cluster, self.job)
+        restarts = self.job.api.restarts(self.job.obj, pods)
+        if self.job.api.restarts_whole_job and restarts > self.restarts:
+            if not self.first_round:
+                self.notice(f"job {self.job.name} restarted: every pod was recreated (restart {restarts})")
+            self.restarts = restarts
         if not pods and self.first_round:
             self.notice(self.selection.none_message(self.job.name) + "; waiting for them")
         container = self.job.api.container

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.cluster import jobs
-from orchestrator.cluster.apis import JobAPI, all_apis
+from orchestrator.cluster.apis import JobAPI, all_apis, by_key
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import AlreadyExists, ClusterError, NotFound, OperatorNotInstalled
 from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
@@ -104,20 +104,45 @@ def submit(
         if not dry_run:
             jobs.delete(cluster, api, name, wait=True, timeout=replace_timeout)
 
-    created_job = cluster.create(api.resource, job, dry_run=dry_run)
-    result.created.append(created_job)
-    owner = owner_reference(api, created_job if created_job.get("metadata") else job)
+    # What the job refers to (a TrainJob's TrainingRuntime) must exist first; it is owned once the job exists.
+    first = [o for o in objects if kinds[o["kind"]] in api.before]
+    after = [o for o in objects if o is not job and o not in first]
     try:
-        for obj in objects:
-            if obj is job:
-                continue
+        for obj in first:
+            result.created.append(cluster.create(kinds[obj["kind"]], obj, dry_run=dry_run))
+        created_job = cluster.create(api.resource, job, dry_run=dry_run)
+        result.created.append(created_job)
+        owner = owner_reference(api, created_job if created_job.get("metadata") else job)
+        for obj in first:
+            if not dry_run:
+                cluster.patch(
+                    kinds[obj["kind"]], obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}}
+                )
+        for obj in after:
             obj["metadata"]["ownerReferences"] = [owner]
             result.created.append(cluster.create(kinds[obj["kind"]], obj, dry_run=dry_run))
     except ClusterError as e:
-        if dry_run:
+        if dry_run or not result.created:
             raise
         _roll_back(cluster, result.created, e)
     return result
+
+
+def choose_api(cluster: Cluster, wanted: str) -> tuple[JobAPI, str]:
+    """The API a submit uses, and why: `wanted` itself, or for "auto" the one API discovery says is served
+    (PyTorchJob when both are: the jobs orch already runs there keep their API)."""
+    if wanted != "auto":
+        return by_key(wanted), "as asked"
+    served = [api for api in all_apis() if cluster.served(api.resource)]
+    if not served:
+        installs = "; or ".join(f"{api.operator}: {api.install}" for api in reversed(all_apis()))
+        kinds = " nor ".join(f"{api.resource.kind} ({api.resource.api_version})" for api in all_apis())
+        raise OperatorNotInstalled(f"{cluster.server} serves neither {kinds}. Install {installs}")
+    if len(served) > 1:
+        return served[
+            0
+        ], f"the cluster serves {' and '.join(a.resource.kind for a in served)}; auto prefers the first"
+    return served[0], f"the cluster serves {served[0].resource.kind} only"
 
 
 def not_installed_message(api: JobAPI, server: str) -> str:

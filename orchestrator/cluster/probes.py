@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.cluster.apis import pytorchjob
+from orchestrator.cluster.apis import all_apis, trainjob
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.cluster.resources import PODMONITOR
+from orchestrator.cluster.resources import JOBSET, KUEUE_GROUP, PODMONITOR
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
@@ -17,19 +17,43 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discov
 def gather(cluster: Cluster) -> dict[str, Any]:
     """What `orch doctor --cluster` needs to know, as plain data:
 
-    server, version, namespace; pytorchjob_versions (kubeflow.org versions that serve pytorchjobs);
-    monitoring_resources (monitoring.coreos.com/v1 resources); nodes ([{name, gpus, product}], or None
-    with nodes_error when listing nodes is forbidden); can_create_pytorchjobs (True/False, or None with
-    access_error) and access_reason.
+    server, version, namespace; apis: {api key: {kind, group, versions (those serving the kind; [] if not
+    served)}}; jobset_versions, kueue_versions (the groups' versions, [] if absent); cluster_runtimes (names of
+    the ClusterTrainingRuntimes, or None with runtimes_error; only asked where TrainJob is served);
+    monitoring_resources (monitoring.coreos.com/v1 resources); nodes ([{name, gpus, product}], or None with
+    nodes_error when listing nodes is forbidden); access: {api key: {allowed, reason} or {error}} for each
+    served API (the create right in this namespace).
     Raises ClusterError (ClusterUnreachable, ...) when the cluster cannot be reached at all.
     """
+    groups = cluster.api_groups()
     facts: dict[str, Any] = {
         "server": cluster.server,
         "version": cluster.server_version().get("gitVersion"),
         "namespace": cluster.namespace,
+        "apis": {},
+        "jobset_versions": groups.get(JOBSET.group, []),
+        "kueue_versions": groups.get(KUEUE_GROUP, []),
+        "access": {},
     }
-    # Training Operator v1 is the only API that serves kubeflow.org pytorchjobs (Trainer v2 has TrainJob).
-    facts["pytorchjob_versions"] = ["v1"] if cluster.served(pytorchjob.RESOURCE) else []
+    for api in all_apis():
+        r = api.resource
+        versions = [
+            v for v in groups.get(r.group, []) if r.plural in (cluster.api_resources(r.group, v) or [])
+        ]
+        facts["apis"][api.key] = {"kind": r.kind, "group": r.group, "versions": versions}
+        if not versions:
+            continue
+        try:
+            allowed, reason = cluster.can_i("create", r)
+            facts["access"][api.key] = {"allowed": allowed, "reason": reason}
+        except ClusterError as e:
+            facts["access"][api.key] = {"error": str(e)}
+    if facts["apis"]["trainjob"]["versions"]:
+        try:
+            runtimes = cluster.list(trainjob.CLUSTER_TRAINING_RUNTIME, all_namespaces=True)
+            facts["cluster_runtimes"] = sorted(r["metadata"]["name"] for r in runtimes)
+        except ClusterError as e:
+            facts["cluster_runtimes"], facts["runtimes_error"] = None, str(e)
     monitoring = cluster.api_resources(PODMONITOR.group, PODMONITOR.version) or []
     facts["monitoring_resources"] = sorted(name for name in monitoring if "/" not in name)
     try:
@@ -43,8 +67,4 @@ def gather(cluster: Cluster) -> dict[str, Any]:
         ]
     except Forbidden as e:
         facts["nodes"], facts["nodes_error"] = None, str(e)
-    try:
-        facts["can_create_pytorchjobs"], facts["access_reason"] = cluster.can_i("create", pytorchjob.RESOURCE)
-    except ClusterError as e:
-        facts["can_create_pytorchjobs"], facts["access_error"] = None, str(e)
     return facts

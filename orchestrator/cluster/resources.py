@@ -26,6 +26,8 @@ POD_LOG = Resource("", "v1", "pods/log", "Pod")
 EVENT = Resource("", "v1", "events", "Event")
 NODE = Resource("", "v1", "nodes", "Node")
 VERSION = Resource("", "", "version", "Version")
+JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")  # what Kubeflow Trainer v2 runs on
+KUEUE_GROUP = "kueue.x-k8s.io"
 PODMONITOR = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 SELF_SUBJECT_ACCESS_REVIEW = Resource(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"

@@ -186,7 +186,10 @@ def test_logs_without_follow_rank_pod_tail_since(env, job_file):
     assert both.exit_code == 2 and "use one of them" in both.stderr
     missing = env.orch("logs", "nope")
     assert missing.exit_code == 1
-    assert missing.stderr.strip() == 'error: pytorchjobs.kubeflow.org nope not found in namespace "team-a"'
+    assert missing.stderr.strip() == (
+        'error: job nope not found in namespace "team-a" '
+        "(no pytorchjobs.kubeflow.org or trainjobs.trainer.kubeflow.org of that name)"
+    )
 
 
 def _later(seconds, fn, *args, **kwargs):

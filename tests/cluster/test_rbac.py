@@ -5,9 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.fakes.emulator import CONFIGMAPS, JOBS
+from orchestrator import cluster
+from tests.cluster.test_trainjob import submit as submit_trainjob
+from tests.fakes.cli import FAST, Env, write_kubeconfig
+from tests.fakes.emulator import CONFIGMAPS, JOBS, TRAININGRUNTIMES, TRAINJOBS, serve
+from tests.fakes.trainer import TrainerV2
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "team-a"
@@ -45,9 +50,18 @@ def rbac_attributes(request) -> tuple[str, str, str] | None:
     return group, f"{resource}/{sub}" if sub else resource, verb
 
 
-def test_the_role_covers_every_call_and_only_those(env, job_file):
+@pytest.fixture
+def both(tmp_path):
+    """A cluster that serves both job APIs."""
+    with serve(operator=True, trainer=True) as kube:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, contexts={"dev": NS}, current="dev")
+        yield Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
+
+
+def test_the_role_covers_every_call_and_only_those(both, job_file):
+    env = both
     kube = env.kube
-    # A whole life: submit, status, list, logs, wait, replace, delete, and a submit that rolls back.
+    # A whole life of each API: submit, status, list, logs, wait, replace, delete, a submit that rolls back.
     assert env.orch("submit", str(job_file)).exit_code == 0
     kube.set_conditions(NS, "demo", ("Created", "True"), ("Running", "True"))
     master = kube.add_pod(NS, "demo", "master", 0)
@@ -61,15 +75,35 @@ def test_the_role_covers_every_call_and_only_those(env, job_file):
     assert env.orch("wait", "demo").exit_code == 0
     assert env.orch("submit", str(job_file), "--replace").exit_code == 0
     assert env.orch("delete", "demo", "--wait").exit_code == 0
-    kube.fail("post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", 500, times=10)
+    kube.fail(
+        "post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", 500, times=4
+    )  # 1 + 3 retries
     assert env.orch("submit", str(job_file)).exit_code == 1
     assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == []
+
+    submit_trainjob(env, job_file)
+    trainer = TrainerV2(kube, NS, "demo")
+    (node,) = trainer.start()[:1]
+    kube.write_log(NS, node, "hello")
+    for args in (("status", "demo"), ("list",), ("logs", "demo")):
+        assert env.orch(*args).exit_code == 0, args
+    trainer.finish()
+    assert env.orch("logs", "demo", "-f").exit_code == 0
+    assert env.orch("wait", "demo").exit_code == 0
+    assert env.orch("delete", "demo", "--wait").exit_code == 0
+    kube.fail("post", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs", 500, times=10)
+    with pytest.raises(cluster.ClusterError, match="rolled back: deleted trainingruntime/demo"):
+        submit_trainjob(env, job_file)
+    assert kube.names(TRAINJOBS) == [] and kube.names(TRAININGRUNTIMES) == []
 
     used = {a for a in map(rbac_attributes, kube.requests()) if a is not None}
     granted = rbac_rules()
     assert used - granted == set(), "orch makes calls manifests/rbac.yaml does not allow"
     # everything granted is used, except what only admission plugins check (blockOwnerDeletion)
-    assert granted - used == {("kubeflow.org", "pytorchjobs/finalizers", "update")}
+    assert granted - used == {
+        ("kubeflow.org", "pytorchjobs/finalizers", "update"),
+        ("trainer.kubeflow.org", "trainjobs/finalizers", "update"),
+    }
 
 
 def test_rolebinding_points_at_the_role():

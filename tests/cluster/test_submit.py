@@ -153,9 +153,9 @@ def test_submit_creates_owned_objects_status_list_delete(env, job_file):
         ("demo", "Running", 3, 0)
     ]
     header, row = env.orch("list").stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "AGE", "NODES", "x", "GPUS"]
-    assert row.split()[:2] == ["demo", "Running"] and re.fullmatch(r"\d+s", row.split()[2])
-    assert row.split()[3:] == ["3", "x", "0"]
+    assert header.split() == ["NAME", "KIND", "PHASE", "AGE", "NODES", "x", "GPUS"]
+    assert row.split()[:3] == ["demo", "PyTorchJob", "Running"] and re.fullmatch(r"\d+s", row.split()[3])
+    assert row.split()[4:] == ["3", "x", "0"]
 
     deleted = env.orch("delete", "demo", "--wait")
     assert deleted.exit_code == 0, deleted.stderr

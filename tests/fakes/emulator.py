@@ -38,6 +38,10 @@ PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
 CONFIGMAPS = "v1/configmaps"
 PODS = "v1/pods"
 EVENTS = "v1/events"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+TRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
 _resource_versions = itertools.count(1000)
 
@@ -46,6 +50,10 @@ PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
 CONFIGMAPS = "v1/configmaps"
 PODS = "v1/pods"
 EVENTS = "v1/events"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+TRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
 
 def now_stamp() -> str:
@@ -112,6 +120,8 @@ class RealisticK8s(kmock.KubernetesEmulator):
                 )
                 response.headers.update(fault.headers)
                 return response
+        if request.url.path == "/apis/":  # the group list, as the Python client asks for it (trailing slash)
+            return kmock_json(await self._serve_apis(request), status=200)
         if discovery := re.fullmatch(r"/api/(v1)/?|/apis/([^/]+)/([^/]+)/", request.url.path):
             # A trailing slash (the Python client's core discovery call) is parsed by kmock as a list.
             group, version = ("", "v1") if discovery[1] else (discovery[2], discovery[3])
@@ -275,8 +285,14 @@ def kmock_json(data: Any, status: int):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def serve(*, operator: bool = True, prometheus_operator: bool = True) -> Iterator[Kube]:
-    """Run the emulator on its own thread and event loop (the sync client blocks); yields a `Kube`."""
+def serve(
+    *, operator: bool = True, trainer: bool = False, prometheus_operator: bool = True
+) -> Iterator[Kube]:
+    """Run the emulator on its own thread and event loop (the sync client blocks); yields a `Kube`.
+
+    Which CRDs are served: `operator`, the training operator v1's PyTorchJob; `trainer`, Kubeflow Trainer v2's
+    TrainJob, TrainingRuntime, ClusterTrainingRuntime and JobSet (its dependency); `prometheus_operator`,
+    PodMonitor."""
     ready, box, loop = threading.Event(), {}, asyncio.new_event_loop()
 
     def declare(k: RealisticK8s) -> None:
@@ -291,6 +307,25 @@ def serve(*, operator: bool = True, prometheus_operator: bool = True) -> Iterato
         if operator:
             k.resources[JOBS] = info(
                 kind="PyTorchJob",
+                namespaced=True,
+                verbs={"create", "get", "list", "delete"},
+                subresources={"status"},
+            )
+        if trainer:
+            k.resources[TRAINJOBS] = info(
+                kind="TrainJob",
+                namespaced=True,
+                verbs={"create", "get", "list", "delete", "patch"},
+                subresources={"status"},
+            )
+            k.resources[TRAININGRUNTIMES] = info(
+                kind="TrainingRuntime", namespaced=True, verbs={"create", "get", "list", "delete", "patch"}
+            )
+            k.resources[CLUSTERTRAININGRUNTIMES] = info(
+                kind="ClusterTrainingRuntime", namespaced=False, verbs={"create", "get", "list", "delete"}
+            )
+            k.resources[JOBSETS] = info(
+                kind="JobSet",
                 namespaced=True,
                 verbs={"create", "get", "list", "delete"},
                 subresources={"status"},

@@ -140,6 +140,10 @@ class Kube:
         if state != "waiting":
             self._on_loop(lambda: self.emulator.logs.setdefault((namespace, name), [ContainerLog()]))
 
+    def start_log(self, namespace: str, pod: str) -> None:
+        """The pod's training container started: it has a (so far empty) log."""
+        self._on_loop(lambda: self.emulator.logs.setdefault((namespace, pod), [ContainerLog()]))
+
     def write_log(self, namespace: str, pod: str, *lines: str) -> None:
         def write():  # type: ignore[no-untyped-def]
             log = self.emulator.logs.setdefault((namespace, pod), [ContainerLog()])[-1]

@@ -16,7 +16,7 @@ pytest.importorskip("kmock")
 from orchestrator import doctor  # noqa: E402
 from orchestrator.doctor import FAIL, OK, WARN  # noqa: E402
 from tests.fakes.cli import write_kubeconfig  # noqa: E402
-from tests.fakes.emulator import kmock, serve  # noqa: E402
+from tests.fakes.emulator import CLUSTERTRAININGRUNTIMES, kmock, serve  # noqa: E402
 from tests.fakes.kube import Kube  # noqa: E402
 
 ORCH = str(Path(sys.executable).with_name("orch"))
@@ -62,29 +62,80 @@ def test_healthy_cluster(tmp_path: Path) -> None:
         checks = run(kube, tmp_path)
         review = kube.requests("post", SSAR_PATH)[0].data
     assert {name: c.status for name, c in checks.items()} == {
-        "cluster": OK, "PyTorchJob CRD": OK, "Prometheus Operator CRDs": OK, "GPU nodes": OK, "permissions": OK,
+        "cluster": OK, "PyTorchJob CRD": OK, "TrainJob CRD": OK, "Kueue": OK, "Prometheus Operator CRDs": OK,
+        "GPU nodes": OK, "permissions (PyTorchJob)": OK,
     }  # fmt: skip
-    assert checks["PyTorchJob CRD"].detail == "kubeflow.org v1"
+    assert checks["PyTorchJob CRD"].detail == "kubeflow.org v1 (Kubeflow training operator)"
+    assert checks["TrainJob CRD"].detail == (
+        "trainjobs.trainer.kubeflow.org is not installed; `api: auto` submits to pytorchjob"
+    )
+    assert checks["Kueue"].detail == "not installed (only `scheduling.queue` needs it)"
     assert checks["Prometheus Operator CRDs"].detail == "podmonitors, prometheusrules"
     assert checks["GPU nodes"].detail == "2 node(s): 16 x NVIDIA-H200"
-    assert checks["permissions"].detail == "may create pytorchjobs in namespace team-a"
+    assert checks["permissions (PyTorchJob)"].detail == "may create pytorchjobs in namespace team-a"
     assert review["spec"]["resourceAttributes"] == {
         "group": "kubeflow.org", "resource": "pytorchjobs", "verb": "create", "namespace": "team-a",
     }  # fmt: skip
 
 
-def test_missing_operator_gpus_and_rights(tmp_path: Path) -> None:
+def test_missing_job_apis_and_gpus(tmp_path: Path) -> None:
     with serve(operator=False, prometheus_operator=False) as kube:
         prepare(kube, nodes=[gpu_node("cpu-1", 0, None)], allowed=False)
         checks = run(kube, tmp_path)
     crd = checks["PyTorchJob CRD"]
     assert (crd.status, crd.detail) == (FAIL, "pytorchjobs.kubeflow.org is not installed")
     assert "training-operator" in crd.fix
+    v2 = checks["TrainJob CRD"]
+    assert (v2.status, v2.detail) == (FAIL, "trainjobs.trainer.kubeflow.org is not installed")
+    assert "helm install kubeflow-trainer" in v2.fix
     assert checks["Prometheus Operator CRDs"].status == WARN
     assert checks["GPU nodes"].status == FAIL
     assert checks["GPU nodes"].detail == "none of 1 node(s) has nvidia.com/gpu allocatable"
-    assert checks["permissions"].status == FAIL
-    assert checks["permissions"].detail == "you may not create pytorchjobs in namespace team-a (no RBAC rule)"
+    assert not any(name.startswith("permissions") for name in checks)  # no job API to be allowed to use
+
+
+def test_missing_rights(tmp_path: Path) -> None:
+    with serve() as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, None)], allowed=False)
+        checks = run(kube, tmp_path)
+    access = checks["permissions (PyTorchJob)"]
+    assert access.status == FAIL
+    assert access.detail == "you may not create pytorchjobs in namespace team-a (no RBAC rule)"
+
+
+def test_trainer_v2_cluster(tmp_path: Path) -> None:
+    """Only Kubeflow Trainer v2 (with JobSet and its default runtimes) and Kueue are installed."""
+    with serve(operator=False, trainer=True) as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, "NVIDIA-H100-80GB-HBM3")], allowed=True)
+
+        def install() -> None:
+            kube.emulator.resources["kueue.x-k8s.io/v1beta1/localqueues"] = kmock.ResourceInfo(
+                kind="LocalQueue", namespaced=True, verbs={"get", "list"}
+            )
+            for name in ("torch-distributed", "deepspeed-distributed"):
+                kube.emulator.objects[CLUSTERTRAININGRUNTIMES, None, name] = {
+                    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+                    "metadata": {"name": name},
+                }  # fmt: skip
+
+        kube._on_loop(install)
+        checks = run(kube, tmp_path)
+        review = kube.requests("post", SSAR_PATH)[0].data
+    assert {name: c.status for name, c in checks.items()} == {
+        "cluster": OK, "PyTorchJob CRD": OK, "TrainJob CRD": OK, "JobSet": OK, "training runtimes": OK,
+        "Kueue": OK, "Prometheus Operator CRDs": OK, "GPU nodes": OK, "permissions (TrainJob)": OK,
+    }  # fmt: skip
+    assert checks["TrainJob CRD"].detail == "trainer.kubeflow.org v1alpha1 (Kubeflow Trainer v2)"
+    assert checks["PyTorchJob CRD"].detail == (
+        "pytorchjobs.kubeflow.org is not installed; `api: auto` submits to trainjob"
+    )
+    assert checks["JobSet"].detail == "jobset.x-k8s.io v1alpha2"
+    assert checks["training runtimes"].detail == (
+        "ClusterTrainingRuntimes: deepspeed-distributed, torch-distributed"
+    )
+    assert checks["Kueue"].detail == "kueue.x-k8s.io v1beta1"
+    assert checks["permissions (TrainJob)"].detail == "may create trainjobs in namespace team-a"
+    assert review["spec"]["resourceAttributes"]["resource"] == "trainjobs"
 
 
 def test_forbidden_node_list_is_a_warning(tmp_path: Path) -> None:
@@ -111,7 +162,11 @@ def test_doctor_cluster_command(tmp_path: Path) -> None:
         kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": "ml"}, current="dev")
         result = subprocess.run([ORCH, "doctor", "--cluster", "--kubeconfig", str(kubeconfig)],
                                 capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert result.returncode == 1, result.stderr  # the missing PyTorchJob CRD
+    assert result.returncode == 1, result.stderr  # neither job API is installed
     assert "FAIL  PyTorchJob CRD" in result.stdout
-    assert "fix: install the Kubeflow Training Operator" in result.stdout
+    assert "fix: install the Kubeflow training operator: kubectl apply" in result.stdout
+    assert (
+        "FAIL  TrainJob CRD" in result.stdout
+        and "fix: install the Kubeflow Trainer v2: helm install" in result.stdout
+    )
     assert "OK    GPU nodes" in result.stdout and "4 x NVIDIA-A100-SXM4-80GB" in result.stdout

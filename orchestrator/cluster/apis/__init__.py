@@ -17,6 +17,8 @@ class JobAPI(Protocol):
     key: str  # the value of job.yaml's `api:` and of `--api`: "pytorchjob" | "trainjob"
     resource: Resource  # the job object itself
     owned: tuple[Resource, ...]  # other kinds a submit of this API may create, owned by the job
+    before: tuple[Resource, ...]  # of those, the ones the job refers to: created first, owned once it exists
+    restarts_whole_job: bool  # whether `restarts` counts restarts of every pod together (else of one pod)
     container: str  # the training container: its log is the job's log, its exit code decides the job
     operator: str  # what serves it, in words: "Kubeflow training operator"
     install: str  # one line: how a cluster admin installs it (and where its docs are)
@@ -49,16 +51,20 @@ class JobAPI(Protocol):
         """(pods, GPUs per pod) from the job's spec (`orch list`)."""
         ...
 
-    def related_names(self, name: str, pods: list[dict[str, Any]]) -> set[str]:
+    def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         """Names of the objects whose warning events belong to the job (the job, its pods, ...)."""
+        ...
+
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """How many times the job (or, where the API cannot restart it whole, a pod of it) restarted."""
         ...
 
 
 def all_apis() -> tuple[JobAPI, ...]:
     """Every API orch knows, in the order `orch submit --api auto` prefers them."""
-    from orchestrator.cluster.apis import pytorchjob
+    from orchestrator.cluster.apis import pytorchjob, trainjob
 
-    return (pytorchjob.API,)
+    return (pytorchjob.API, trainjob.API)
 
 
 def by_key(key: str) -> JobAPI:

@@ -24,6 +24,8 @@ class PyTorchJobAPI:
     key = "pytorchjob"
     resource = RESOURCE
     owned = (CONFIGMAP, PODMONITOR)
+    before = ()
+    restarts_whole_job = False
     container = naming.CONTAINER_NAME  # the operator requires this name
     operator = "Kubeflow training operator"
     install = f"{INSTALL} (see {DOCS})"
@@ -59,8 +61,12 @@ class PyTorchJobAPI:
                    default=0)  # fmt: skip
         return nodes, gpus
 
-    def related_names(self, name: str, pods: list[dict[str, Any]]) -> set[str]:
-        return {name} | {(p.get("metadata") or {}).get("name", "") for p in pods}
+    def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+        return {job["metadata"]["name"]} | {(p.get("metadata") or {}).get("name", "") for p in pods}
+
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """The operator restarts pods, not the job: the most any pod's `pytorch` container restarted."""
+        return max((status.restart_count(p, self.container) for p in pods), default=0)
 
 
 API = PyTorchJobAPI()

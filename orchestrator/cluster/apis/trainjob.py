@@ -1,0 +1,123 @@
+"""Kubeflow Trainer v2: `trainer.kubeflow.org/v1alpha1` TrainJob, run by JobSet.
+
+The trainer controller turns a TrainJob plus its runtime (a TrainingRuntime orch renders per job, or a
+ClusterTrainingRuntime named by `runtime:`) into a JobSet of the same name; JobSet creates one Job per
+replicated job and the Job the pods. Facts read from the source (kubeflow/trainer pkg/apis/trainer/v1alpha1,
+pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
+- conditions: Created (reason JobsCreationSucceeded / JobsBuildFailed / JobsCreationFailed), Suspended,
+  Complete, Failed. There is no Running condition: running is read from `status.jobsStatus` (per replicated
+  job: ready / active / succeeded / failed child Jobs), copied from the JobSet.
+- the training pods belong to the replicated job "node" and their container is named "node"; the torch plugin
+  injects PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK (the Job completion index) / PET_MASTER_ADDR /
+  PET_MASTER_PORT into it.
+- JobSet labels every pod `jobset.sigs.k8s.io/jobset-name`, `.../replicatedjob-name`, `.../job-index` and
+  `.../restart-attempt` (how many times the whole JobSet was recreated); the Job controller adds
+  `batch.kubernetes.io/job-completion-index`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator import status
+from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
+
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+RESOURCE = Resource(GROUP, VERSION, "trainjobs", "TrainJob")
+TRAINING_RUNTIME = Resource(GROUP, VERSION, "trainingruntimes", "TrainingRuntime")
+CLUSTER_TRAINING_RUNTIME = Resource(GROUP, VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime")
+DOCS = "https://www.kubeflow.org/docs/components/trainer/operator-guides/installation/"
+INSTALL = (
+    "helm install kubeflow-trainer oci://ghcr.io/kubeflow/charts/kubeflow-trainer "
+    "--namespace kubeflow-system --create-namespace --set runtimes.defaultEnabled=true"
+)
+
+# Labels JobSet and the Job controller put on the pods (read-only for orch).
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+TRAINER_NODE = "node"  # the replicated job and container the trainer's torch plugin configures
+
+# Highest first; "Succeeded" is orch's word for the API's "Complete" (one vocabulary for every API).
+PHASE_PRECEDENCE = ("Failed", "Complete", "Suspended")
+ORCH_PHASE = {"Complete": "Succeeded"}
+
+
+class TrainJobAPI:
+    key = "trainjob"
+    resource = RESOURCE
+    owned = (CONFIGMAP, TRAINING_RUNTIME, PODMONITOR)
+    # The trainer's webhook rejects a TrainJob whose TrainingRuntime does not exist yet (core/trainingruntime.go
+    # ValidateObjects: "specified trainingRuntime must be created before the TrainJob is created").
+    before = (TRAINING_RUNTIME,)
+    restarts_whole_job = True
+    container = TRAINER_NODE
+    operator = "Kubeflow Trainer v2"
+    install = f"{INSTALL} (see {DOCS})"
+
+    def pod_selector(self, name: str) -> str:
+        return f"{LABEL_JOBSET_NAME}={name},{LABEL_REPLICATED_JOB}={TRAINER_NODE}"
+
+    def phase(self, job: dict[str, Any]) -> str:
+        decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
+        if decided != status.PENDING:
+            return ORCH_PHASE.get(decided, decided)
+        children = (job.get("status") or {}).get("jobsStatus") or []
+        if any(int(c.get("ready") or 0) > 0 for c in children):
+            return "Running"
+        if status.true_condition(job, "Created") or children:
+            return "Created"
+        return status.PENDING
+
+    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+        decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
+        return status.true_condition(job, decided if decided != status.PENDING else "Created")
+
+    def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
+        """Per replicated job, its child Jobs (not pods: that is what the TrainJob counts)."""
+        children = (job.get("status") or {}).get("jobsStatus") or []
+        return {str(c.get("name", "?")): status.replica_counts(c) for c in children}
+
+    def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        index = labels.get(LABEL_COMPLETION_INDEX, annotations.get(LABEL_COMPLETION_INDEX))
+        return labels.get(LABEL_REPLICATED_JOB, "?"), status.to_int(index)
+
+    def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
+        return index  # PET_NODE_RANK is the Job completion index of the "node" pods
+
+    def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
+        """From `spec.trainer` (numNodes, resourcesPerNode); 0 where the runtime alone decides."""
+        trainer = (job.get("spec") or {}).get("trainer") or {}
+        limits = (trainer.get("resourcesPerNode") or {}).get("limits") or {}
+        return status.to_int(trainer.get("numNodes")), status.to_int(limits.get(status.GPU_RESOURCE))
+
+    def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+        """The TrainJob and its JobSet (same name), the child Jobs (<jobset>-<replicated job>-<index>), the pods."""
+        name = job["metadata"]["name"]
+        children = (job.get("status") or {}).get("jobsStatus") or []
+        names = (
+            {name}
+            | {f"{name}-{c.get('name', TRAINER_NODE)}-0" for c in children}
+            | {f"{name}-{TRAINER_NODE}-0"}
+        )
+        for p in pods:
+            meta = p.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            names.add(meta.get("name", ""))
+            if labels.get(LABEL_REPLICATED_JOB) and labels.get(LABEL_JOB_INDEX) is not None:
+                names.add(f"{name}-{labels[LABEL_REPLICATED_JOB]}-{labels[LABEL_JOB_INDEX]}")
+        return names
+
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """How many times JobSet recreated every pod (its restart attempt, on each pod)."""
+        return max(
+            (status.to_int(((p.get("metadata") or {}).get("labels") or {}).get(LABEL_RESTART_ATTEMPT))
+             for p in pods), default=0,
+        )  # fmt: skip
+
+
+API = TrainJobAPI()

@@ -1,0 +1,205 @@
+"""Plays Kubeflow Trainer v2 for one TrainJob on the emulator: the trainer controller, JobSet's controller, the
+Job controller and the kubelet (nothing of them can run here).
+
+What it does is read from their source (see orchestrator/cluster/apis/trainjob.py for the references): the
+trainer builds a JobSet named like the TrainJob from the runtime's JobSet template, with TrainJob.spec.trainer
+(image, command, args, env, numNodes, resourcesPerNode) applied to the `node` container of the `node`
+replicated job, and the torch plugin's PET_* env; JobSet creates the Job `<name>-node-0`, whose pods are named
+`<name>-node-0-<index>-<suffix>` and labelled by JobSet and the Job controller; the TrainJob's conditions
+(Created, Complete, Failed) and jobsStatus follow the JobSet's. A JobSet restart deletes every pod and
+recreates them with the next restart attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from tests.fakes.emulator import (
+    CLUSTERTRAININGRUNTIMES,
+    JOBSETS,
+    PODS,
+    TRAININGRUNTIMES,
+    TRAINJOBS,
+    now_stamp,
+)
+from tests.fakes.kube import Kube
+
+NODE = "node"
+MASTER_PORT = 29500
+_suffixes = itertools.count(10000)
+
+# The default ClusterTrainingRuntime `torch-distributed` (kubeflow/trainer manifests/base/runtimes), abridged.
+DEFAULT_POD_TEMPLATE = {
+    "spec": {"containers": [{"name": NODE, "image": "pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime",
+                             "command": ["/bin/bash", "-c", "torchrun /workspace/train.py"]}]},
+}  # fmt: skip
+
+
+class TrainerV2:
+    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.restart_attempt = 0
+        self.pods: list[str] = []  # by node rank
+        self.pod_owner: dict[str, Any] = {}
+
+    # --- reading what orch submitted
+
+    def trainjob(self) -> dict[str, Any]:
+        job = self.kube.get(TRAINJOBS, self.namespace, self.name)
+        assert job is not None, f"no TrainJob {self.namespace}/{self.name}"
+        return job
+
+    def runtime(self) -> dict[str, Any] | None:
+        ref = self.trainjob()["spec"]["runtimeRef"]
+        if ref.get("kind", "ClusterTrainingRuntime") == "TrainingRuntime":
+            return self.kube.get(TRAININGRUNTIMES, self.namespace, ref["name"])
+        return self.kube.get(CLUSTERTRAININGRUNTIMES, None, ref["name"])
+
+    def pod_template(self) -> dict[str, Any]:
+        """The `node` replicated job's pod template with TrainJob.spec.trainer and the torch plugin applied."""
+        runtime = self.runtime()
+        template = DEFAULT_POD_TEMPLATE
+        if runtime is not None:
+            replicated = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+            template = next(r for r in replicated if r["name"] == NODE)["template"]["spec"]["template"]
+        template = copy.deepcopy(template)
+        trainer = self.trainjob()["spec"].get("trainer") or {}
+        container = next(c for c in template["spec"]["containers"] if c["name"] == NODE)
+        for key in ("image", "command", "args"):
+            if key in trainer:
+                container[key] = trainer[key]
+        if "resourcesPerNode" in trainer:
+            container["resources"] = trainer["resourcesPerNode"]
+        env = {e["name"]: e for e in container.get("env") or []}
+        env.update({e["name"]: e for e in trainer.get("env") or []})
+        env.update({e["name"]: e for e in self.pet_env()})
+        container["env"] = list(env.values())
+        return template
+
+    def num_nodes(self) -> int:
+        trainer = self.trainjob()["spec"].get("trainer") or {}
+        policy = ((self.runtime() or {}).get("spec") or {}).get("mlPolicy") or {}
+        return int(trainer.get("numNodes") or policy.get("numNodes") or 1)
+
+    def pet_env(self) -> list[dict[str, Any]]:
+        """What the torch plugin injects (pkg/runtime/framework/plugins/torch): torchrun reads PET_*."""
+        trainer = self.trainjob()["spec"].get("trainer") or {}
+        policy = ((self.runtime() or {}).get("spec") or {}).get("mlPolicy") or {}
+        nproc = trainer.get("numProcPerNode") or (policy.get("torch") or {}).get("numProcPerNode") or "auto"
+        index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        return [
+            {"name": "PET_NNODES", "value": str(self.num_nodes())},
+            {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+            {"name": "PET_MASTER_ADDR", "value": f"{self.name}-{NODE}-0-0.{self.name}"},
+            {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
+        ]
+
+    # --- the controllers' part
+
+    def start(self, *, running: bool = True) -> list[str]:
+        """Create the JobSet and its pods; set Created (and, with `running`, the pods running and ready)."""
+        self.kube.put(JOBSETS, self.namespace, {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": self.name, "ownerReferences": [self._owner()]},
+        })  # fmt: skip
+        jobset = self.kube.get(JOBSETS, self.namespace, self.name)
+        assert jobset is not None
+        # The pods' owner is really the Job, the Job's the JobSet; the emulated collector needs one link.
+        self.pod_owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": self.name,
+                          "uid": jobset["metadata"]["uid"]}  # fmt: skip
+        self._create_pods(running=running)
+        self.set_condition("Created", "JobsCreationSucceeded", "Succeeded to create Jobs")
+        self.set_jobs_status(ready=1 if running else 0, active=1)
+        return self.pods
+
+    def restart(self, *, running: bool = True) -> list[str]:
+        """JobSet's failure policy restarts the whole JobSet: every pod is deleted and created anew."""
+        for pod in self.pods:
+            self.kube.end_log(self.namespace, pod)  # the kubelet kills the containers: their logs end
+            self.kube.delete(PODS, self.namespace, pod)
+        self.restart_attempt += 1
+        self._create_pods(running=running)
+        return self.pods
+
+    def finish(self, *, succeeded: bool = True) -> None:
+        """Every pod exits (0, or 1 for the failed ones); the JobSet and then the TrainJob say so."""
+        for pod in self.pods:
+            self.kube.end_log(self.namespace, pod)
+            self.set_pod_phase(pod, "Succeeded" if succeeded else "Failed")
+        if succeeded:
+            self.set_jobs_status(succeeded=1)
+            self.set_condition("Complete", "AllJobsCompleted", "jobset completed successfully")
+        else:
+            self.set_jobs_status(failed=1)
+            self.set_condition("Failed", "FailedJobs", "jobset failed due to one or more job failures")
+
+    def set_condition(self, ctype: str, reason: str, message: str) -> None:
+        conditions = [
+            c for c in (self.trainjob().get("status") or {}).get("conditions") or [] if c["type"] != ctype
+        ]
+        conditions.append({"type": ctype, "status": "True", "reason": reason, "message": message,
+                           "lastTransitionTime": now_stamp()})  # fmt: skip
+        self.kube.patch(TRAINJOBS, self.namespace, self.name, {"status": {"conditions": conditions}})
+
+    def set_jobs_status(
+        self, *, ready: int = 0, active: int = 0, succeeded: int = 0, failed: int = 0
+    ) -> None:
+        entry = {"name": NODE, "ready": ready, "active": active, "succeeded": succeeded, "failed": failed,
+                 "suspended": 0}  # fmt: skip
+        self.kube.patch(TRAINJOBS, self.namespace, self.name, {"status": {"jobsStatus": [entry]}})
+
+    def set_pod_phase(self, pod: str, phase: str) -> None:
+        exit_code = {"Succeeded": 0, "Failed": 1}.get(phase)
+        state = (
+            {"running": {"startedAt": now_stamp()}}
+            if exit_code is None
+            else {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}}
+        )
+        self.kube.patch(PODS, self.namespace, pod, {"status": {
+            "phase": phase, "containerStatuses": [{"name": NODE, "restartCount": 0, "state": state, "lastState": {}}],
+        }})  # fmt: skip
+
+    # --- helpers
+
+    def _owner(self) -> dict[str, Any]:
+        job = self.trainjob()
+        return {"apiVersion": job["apiVersion"], "kind": "TrainJob", "name": self.name,
+                "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+    def _create_pods(self, *, running: bool) -> None:
+        template = self.pod_template()
+        job_name = f"{self.name}-{NODE}-0"
+        self.pods = []
+        for index in range(self.num_nodes()):
+            pod = f"{job_name}-{index}-{next(_suffixes)}"
+            labels = {
+                **((template.get("metadata") or {}).get("labels") or {}),
+                "jobset.sigs.k8s.io/jobset-name": self.name,
+                "jobset.sigs.k8s.io/replicatedjob-name": NODE,
+                "jobset.sigs.k8s.io/job-index": "0",
+                "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
+                "batch.kubernetes.io/job-name": job_name,
+                "job-name": job_name,
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            annotations = {
+                **((template.get("metadata") or {}).get("annotations") or {}),
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
+            }
+            self.kube.put(PODS, self.namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "labels": labels, "annotations": annotations,
+                             "ownerReferences": [self.pod_owner]},
+                "spec": {**template["spec"], "nodeName": f"gpu-node-{index + 1}" if running else "",
+                         "hostname": f"{job_name}-{index}", "subdomain": self.name},
+                "status": {"phase": "Pending", "containerStatuses": [
+                    {"name": NODE, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+            })  # fmt: skip
+            if running:
+                self.set_pod_phase(pod, "Running")
+                self.kube.start_log(self.namespace, pod)
+            self.pods.append(pod)
