@@ -33,8 +33,10 @@ def env(kube: Kube, tmp_path: Path) -> Env:
 
 @pytest.fixture
 def job_file(tmp_path: Path) -> Path:
+    """A 3-node job with a Master and Workers (restart.policy on-failure; policy job renders Workers only)."""
     path = tmp_path / "job.yaml"
     path.write_text(
-        "name: demo\nimage: registry.example/trainer:1\nnodes: 3\ntrain:\n  task: digits\n  batch_size: 96\n  max_steps: 10\n"
+        "name: demo\nimage: registry.example/trainer:1\nnodes: 3\nrestart:\n  policy: on-failure\n"
+        "train:\n  task: digits\n  batch_size: 96\n  max_steps: 10\n"
     )
     return path
