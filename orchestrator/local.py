@@ -3,13 +3,30 @@
 The workers run exactly what a pod runs (`python -m orchestrator.trainer --config train.json`, or the
 job's `command`), with the same ORCH_* environment, gloo on CPU or one process per local GPU.
 torch is imported inside the functions: `orch --help` must stay light.
+
+The process tree: `orch run` (torch's elastic agent runs in this process, and hosts the rendezvous store)
+-> one child per rank, each started through orchestrator.local_worker, which ties it to this process
+(PR_SET_PDEATHSIG: SIGKILLed when the launcher dies, whatever killed it), appends its stdout and stderr to
+OUT/logs/rank-N.log and execs the command. The console shows rank 0's log as it grows (tracebacks left in
+the file) and, at the end, one line: the result, or the first failing rank with its error and its log.
+
+The output directory is held by one run at a time (an flock on OUT/run.lock, released by the kernel when
+the run ends however it ends); default directories are unique (runs/NAME-TIMESTAMP, then -2, -3, ...).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import os
+import re
+import shutil
+import signal
+import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -49,13 +66,25 @@ class LocalPlan:
     command: list[str] | None
     env: dict[str, str]
     max_restarts: int
+    restart_policy: str = "none"
+    """`job`: restart.policy job (all local ranks restart together); `elastic`: the elastic section's."""
+    gpus_per_node: int = 0
+    unique_output_dir: bool = False
+    """The default runs/NAME-TIMESTAMP: `claim` adds -2, -3, ... when another run took it."""
+    metrics_port: int = 0
+    """The job's exporter port (0: metrics off); `run` moves to a free one when it is taken."""
 
     @property
     def accumulation(self) -> int | None:
         return self.train.accumulation(self.world_size) if self.train else None
 
 
-METRICS_ENV = ("ORCH_METRICS_PORT", "ORCH_GPU_SAMPLE_SECONDS", "ORCH_PEAK_TFLOPS")
+METRICS_ENV = ("ORCH_METRICS_PORT", "ORCH_METRICS_ADDR", "ORCH_GPU_SAMPLE_SECONDS", "ORCH_PEAK_TFLOPS")
+# A local run serves metrics on the loopback interface only, unless ORCH_METRICS_ADDR says otherwise.
+LOCAL_METRICS_ADDR = "127.0.0.1"
+LOCK_FILE = "run.lock"
+RUN_FILE = "run.json"
+LOG_DIR = "logs"
 
 
 def plan(
@@ -90,14 +119,34 @@ def plan(
         "ORCH_OUTPUT_DIR": str(out.resolve()),
         "PYTHONUNBUFFERED": "1",
     }
+    policy, max_restarts = restart_budget(spec)
     return LocalPlan(
         world_size=world_size,
         output_dir=out,
         train=train,
         command=list(spec.command) if spec.command else None,
         env=env,
-        max_restarts=spec.elastic.max_restarts if spec.elastic else 0,
+        max_restarts=max_restarts,
+        restart_policy=policy,
+        gpus_per_node=spec.gpus_per_node,
+        unique_output_dir=not output_dir,
+        metrics_port=int(env["ORCH_METRICS_PORT"]),
     )
+
+
+def restart_budget(spec: JobSpec) -> tuple[str, int]:
+    """How many times the launcher restarts every local rank after a failure, and why.
+
+    torch's elastic agent always restarts the whole local worker group together, which is what
+    `restart.policy: job` asks of a cluster (every pod restarts, the trainer resumes from its last checkpoint).
+    The pod policies (on-failure, exit-code, never) restart single pods, and one pod holds every local rank:
+    locally they restart nothing, as before. An elastic section keeps its own max_restarts.
+    """
+    if spec.restart.policy == "job":
+        return "job", spec.restart.max_restarts
+    if spec.elastic is not None:
+        return "elastic", spec.elastic.max_restarts
+    return "none", 0
 
 
 def _metrics_env(spec: JobSpec) -> dict[str, str]:
@@ -113,12 +162,9 @@ def _metrics_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
-    """Start the processes and wait. Returns summary.json (train jobs) or None; raises RunFailed."""
+def check_devices(local: LocalPlan) -> list[str]:
+    """Refuse more processes than local GPUs; return warnings to show once (a GPU job on a CPU machine)."""
     import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # One process per GPU when there are GPUs (the trainer uses cuda:LOCAL_RANK); on CPU any number.
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -127,10 +173,92 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
             f"{local.world_size} processes need {local.world_size} GPUs; this machine has {gpus} "
             f"(use --procs {gpus}, or hide the GPUs with CUDA_VISIBLE_DEVICES= to run on CPU)"
         )
-    local.output_dir.mkdir(parents=True, exist_ok=True)
+    if local.gpus_per_node and not gpus:
+        return [
+            f"the job asks for {local.gpus_per_node} GPU{'s' * (local.gpus_per_node != 1)} per node but this "
+            f"machine has none (torch sees no CUDA device): running {local.world_size} "
+            f"process{'es' * (local.world_size != 1)} on the CPU with gloo"
+        ]
+    return []
+
+
+class OutputDirBusy(OrchError):
+    """Another live `orch run` holds the output directory."""
+
+    exit_code = 2
+
+
+@contextmanager
+def claim(local: LocalPlan) -> Iterator[LocalPlan]:
+    """Create and lock the output directory for this run; yields the plan with the directory it got.
+
+    The lock (flock on OUT/run.lock) lasts while the block runs and dies with this process, however it
+    dies: a second run into the same directory is refused instead of mixing its files with this one's.
+    """
+    import fcntl
+
+    directory = _create_output_dir(local.output_dir, unique=local.unique_output_dir)
+    try:
+        lock = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 (held until the run ends)
+    except OSError as error:
+        raise UsageError(f"--out {directory}: cannot write in it: {error.strerror}") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_json(directory / RUN_FILE).get("pid")
+            raise OutputDirBusy(
+                f"{directory}/ is in use by another orch run"
+                + (f" (pid {holder})" if holder else "")
+                + ": wait for it to finish, or pass another --out"
+            ) from None
+        if directory != local.output_dir:
+            local = dataclasses.replace(
+                local, output_dir=directory, env={**local.env, "ORCH_OUTPUT_DIR": str(directory.resolve())}
+            )
+        yield local
+    finally:
+        lock.close()
+
+
+def _create_output_dir(directory: Path, *, unique: bool) -> Path:
+    """mkdir, turning what the filesystem says into one line. A unique directory is claimed by an
+    exclusive mkdir: two runs started in the same second get NAME-STAMP and NAME-STAMP-2."""
+    candidate, number = directory, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True, exist_ok=not unique)
+            return candidate
+        except FileExistsError:
+            if unique and candidate.is_dir():
+                number += 1
+                candidate = directory.with_name(f"{directory.name}-{number}")
+                continue
+            raise UsageError(f"--out {candidate}: exists and is not a directory") from None
+        except OSError as error:
+            raise UsageError(f"--out {candidate}: cannot create it: {error.strerror}") from None
+
+
+def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
+    """Start the processes and wait (inside `claim`). Returns summary.json (train jobs) or None; raises
+    RunFailed or RunInterrupted with one line: every rank's output is in OUT/logs/rank-N.log."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    log_dir = local.output_dir / LOG_DIR
+    log_dir.mkdir(exist_ok=True)
+    for old in log_dir.glob("rank-*.log"):  # a previous run in this directory (resuming): start afresh
+        old.unlink()
     env = dict(local.env)
     # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
     env.update({name: value for name, value in os.environ.items() if name in METRICS_ENV})
+    metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream)
+    env.update(
+        ORCH_LAUNCHER_PID=str(os.getpid()),
+        ORCH_LOG_DIR=str(log_dir.resolve()),
+        ORCH_LOG_LINES="1",  # the log keeps every line; the console drops the ones the progress bar shows
+    )
     if local.train is not None:
         config_file = local.output_dir / "train.json"
         config_file.write_text(json.dumps(local.train.model_dump(mode="json"), indent=2) + "\n")
@@ -138,10 +266,11 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         progress_file = local.output_dir / "progress.jsonl"
         progress_file.unlink(missing_ok=True)
         env["ORCH_PROGRESS_FILE"] = str(progress_file.resolve())
-        env["ORCH_LOG_LINES"] = "0" if progress_bar else "1"
     else:
         assert local.command is not None
         entrypoint, args, progress_file, progress_bar = local.command[0], local.command[1:], None, False
+    # Every rank starts through the shim that ties it to this process and sends its output to its log.
+    entrypoint, args = sys.executable, ["-m", WORKER_MODULE, entrypoint, *args]
     # Processes share this machine's cores: one thread pool each, sized to its share (as torchrun does).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local.world_size)))
 
@@ -154,27 +283,240 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         rdzv_endpoint="localhost:0",
         max_restarts=local.max_restarts,
         monitor_interval=0.1,
+        logs_specs=_RunLogs(log_dir),  # error files in OUT/logs, no torchelastic_* folder in /tmp
     )
-    with _environment(env), _progress(progress_file if progress_bar else None, stream):
-        try:
-            elastic_launch(config, entrypoint)(*args)
-        except ChildFailedError as error:
-            raise RunFailed(_failure_message(error, local.max_restarts)) from None
-        except (SignalException, KeyboardInterrupt):
-            raise RunInterrupted(f"interrupted: stopped all {local.world_size} processes") from None
+    record = _register(local, metrics_url)
+    try:
+        with (
+            _environment(env),
+            _launcher_log(log_dir / "launcher.log"),
+            _console(log_dir / "rank-0.log", progress_file if progress_bar else None, stream, local),
+        ):
+            try:
+                elastic_launch(config, entrypoint)(*args)
+            except ChildFailedError as error:
+                raise RunFailed(_failure_message(error, local, log_dir)) from None
+            except (SignalException, KeyboardInterrupt):
+                raise RunInterrupted(
+                    f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)"
+                ) from None
+    finally:
+        record.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the index folders go with the last live run
+            record.parent.rmdir()
+            record.parent.parent.rmdir()
+        shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
     summary_file = local.output_dir / "summary.json"
     return json.loads(summary_file.read_text()) if local.train is not None else None
 
 
-def _failure_message(error: Any, max_restarts: int) -> str:
-    rank, failure = error.get_first_failure()
-    message = failure.message  # with @record: {"message": "<traceback, ending in the exception>", ...}
-    if isinstance(message, dict):
-        message = str(message.get("message", ""))
-    lines = [line for line in message.strip().splitlines() if line.strip()]
-    reason = lines[-1] if lines else f"exit code {failure.exitcode}"
-    restarts = f" after {max_restarts} restart{'s' * (max_restarts != 1)}" if max_restarts else ""
-    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {reason}"
+WORKER_MODULE = "orchestrator.local_worker"
+METRICS_DB_DIR = ".metrics"  # prometheus-client's multiprocess files, removed when the run ends
+
+
+def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
+    """One line: the first failing rank, its exception and where it was raised, and its log file."""
+    rank, failure = _first_failure(error)
+    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if isinstance(data, dict):  # written by @record (trainer) or local_worker: the exception, the traceback
+        reason = str(data.get("message", "")).strip().splitlines()[-1:] or [""]
+        where = _raised_at(str((data.get("extraInfo") or {}).get("py_callstack", "")))
+        text = reason[0] + (f" (at {where})" if where else "")
+    elif failure.exitcode < 0:
+        text = f"killed by {_signal_name(-failure.exitcode)}"
+    else:
+        text = "no error recorded"
+    restarts = (
+        f" after {local.max_restarts} restart{'s' * (local.max_restarts != 1)}" if local.max_restarts else ""
+    )
+    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log_dir}/rank-{rank}.log"
+
+
+def _first_failure(error: Any) -> tuple[int, Any]:
+    """The rank that failed first. A rank killed by a signal other than the agent's SIGTERM (SIGKILL, an
+    OOM kill, a segfault) is taken as the cause; otherwise the earliest error file (torch's own choice
+    compares whole seconds, and the peers of a failed rank raise connection errors within milliseconds)."""
+    failures = dict(error.failures)
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode != signal.SIGTERM]
+    if killed:
+        return min(killed), failures[min(killed)]
+
+    def written(item: tuple[int, Any]) -> float:
+        try:
+            return os.stat(item[1].error_file).st_mtime_ns
+        except OSError:
+            return float("inf")
+
+    recorded = sorted(failures.items(), key=written)
+    return recorded[0] if recorded else error.get_first_failure()
+
+
+def _raised_at(callstack: str) -> str:
+    """`file.py:LINE in function` of the innermost frame of a Python traceback, or ''."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', callstack)
+    if not frames:
+        return ""
+    file, line, function = frames[-1]
+    with contextlib.suppress(ValueError):
+        file = os.path.relpath(file) if not os.path.relpath(file).startswith("..") else file
+    return f"{file}:{line} in {function}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _RunLogs(log_dir: Path) -> Any:  # noqa: N802 (a class made on first use)
+    """torch's LogsSpecs for a run: workers keep their stdio (local_worker redirects it to
+    logs/rank-N.log, appending across restarts); error files go to logs/errors/attempt-K/rank-N.json."""
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+    class RunLogs(LogsSpecs):
+        def __init__(self) -> None:
+            super().__init__(log_dir=str(log_dir))
+
+        @property
+        def root_log_dir(self) -> str:
+            return str(log_dir)
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            attempt = next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
+            errors = log_dir / "errors" / f"attempt-{attempt}"
+            shutil.rmtree(errors, ignore_errors=True)
+            errors.mkdir(parents=True)
+            files = {}
+            for local_rank, worker_env in envs.items():
+                files[local_rank] = str(errors / f"rank-{worker_env.get('RANK', local_rank)}.json")
+                worker_env["TORCHELASTIC_ERROR_FILE"] = files[local_rank]
+            empty = dict.fromkeys(envs, "")  # "": the launcher's own stdout/stderr
+            return LogsDest(stdouts=empty, stderrs=dict(empty), error_files=files)
+
+    return RunLogs()
+
+
+def _choose_metrics_endpoint(env: dict[str, str], output_dir: Path, stream: TextIO) -> str | None:
+    """Loopback unless ORCH_METRICS_ADDR says otherwise; the job's port, or a free one when it is taken."""
+    port = int(env.get("ORCH_METRICS_PORT") or 0)
+    if port <= 0:
+        return None
+    addr = env.setdefault("ORCH_METRICS_ADDR", LOCAL_METRICS_ADDR)
+    chosen = _free_port(addr, port)
+    env["ORCH_METRICS_PORT"] = str(chosen)
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # the ranks' series files, inside the run
+        env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / METRICS_DB_DIR).resolve())
+    host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
+    url = f"http://{host}:{chosen}/metrics"
+    taken = f" (port {port} is in use)" if chosen != port else ""
+    stream.write(f"metrics: {url}{taken}\n")
+    stream.flush()
+    return url
+
+
+def _free_port(addr: str, port: int) -> int:
+    """`port` when it can be bound on `addr`, else a free port the kernel picks."""
+    for candidate in (port, 0):
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
+            try:
+                sock.bind((addr, candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    return port  # cannot bind at all: the exporter will say why, and training goes on
+
+
+# --- the live-run index: how `orch top NAME --local` finds a run's exporter --------------------------------
+
+
+def runs_index() -> Path:
+    """One small JSON file per live local run (this user's), removed when the run ends."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"orch-{os.getuid()}" / "runs"
+
+
+def _register(local: LocalPlan, metrics_url: str | None) -> Path:
+    record = {
+        "job": local.env["ORCH_JOB_NAME"],
+        "pid": os.getpid(),
+        "started": time.time(),
+        "output_dir": str(local.output_dir.resolve()),
+        "procs": local.world_size,
+        "metrics": metrics_url,
+    }
+    (local.output_dir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    index = runs_index()
+    entry = index / f"{record['job']}-{os.getpid()}.json"
+    try:
+        index.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps(record) + "\n")
+    except OSError:
+        pass  # only `orch top --local` needs it
+    return entry
+
+
+def live_runs(job: str) -> list[dict[str, Any]]:
+    """The local runs of `job` that are still running, newest first (stale entries are removed)."""
+    found = []
+    for entry in runs_index().glob(f"{job}-*.json"):
+        record = _read_json(entry)
+        if record.get("job") != job:
+            continue
+        if not _pid_alive(int(record.get("pid") or 0)):
+            entry.unlink(missing_ok=True)
+            continue
+        found.append(record)
+    return sorted(found, key=lambda r: r.get("started", 0), reverse=True)
+
+
+def metrics_url_of(job: str) -> str | None:
+    """The exporter URL of the newest live local run of `job`, if it serves metrics."""
+    return next((r["metrics"] for r in live_runs(job) if r.get("metrics")), None)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@contextmanager
+def _launcher_log(path: Path) -> Iterator[None]:
+    """torch's launcher and agent log to OUT/logs/launcher.log, not the console (one line is ours to print)."""
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [
+        logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher")
+    ]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+        handler.close()
 
 
 @contextmanager
@@ -193,38 +535,95 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def _progress(events_file: Path | None, stream: TextIO) -> Iterator[None]:
-    """Draw a progress bar from rank 0's JSON events while the run lasts (terminal only)."""
-    if events_file is None:
-        yield
-        return
+def _console(rank0_log: Path, events_file: Path | None, stream: TextIO, local: LocalPlan) -> Iterator[None]:
+    """Show rank 0's output while the run lasts (and a progress bar from its events on a terminal)."""
+    console = _Console(rank0_log, events_file, stream, local)
     stop = threading.Event()
-    thread = threading.Thread(target=_follow, args=(events_file, stop, stream), daemon=True)
+    thread = threading.Thread(target=console.follow, args=(stop,), daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join(timeout=2)
+        thread.join(timeout=5)
 
 
-def _follow(events_file: Path, stop: threading.Event, stream: TextIO) -> None:
-    position, pending = 0, ""
-    while True:
-        finished = stop.is_set()
-        if events_file.exists():
-            with open(events_file) as file:
-                file.seek(position)
-                pending += file.read()
-                position = file.tell()
-            *complete, pending = pending.split("\n")
-            for line in complete:
-                stream.write(progress_text(json.loads(line)))
-            stream.flush()
-        if finished:
-            stream.write("\n")
+# The first line of a Python traceback; torch prefixes a rank's uncaught exception with "[rankN]:".
+_TRACEBACK = re.compile(r"(\[rank\d+\]:\s*)?Traceback \(most recent call last\):")
+# Lines of the trainer's reporter that the progress bar replaces on a terminal.
+_BAR_SHOWS = re.compile(r"(step \d+/\d+  |eval at step \d+: |training |done: )")
+
+
+class _Console:
+    """Follows OUT/logs/rank-0.log (every attempt) and, with a bar, rank 0's progress events.
+
+    A Python traceback is left in the log: the run ends with one line naming the failure and the file.
+    """
+
+    def __init__(self, log: Path, events: Path | None, stream: TextIO, local: LocalPlan) -> None:
+        self.log, self.events, self.stream, self.local = log, events, stream, local
+        self.positions = {log: 0, events: 0}
+        self.pending = {log: "", events: ""}
+        self.hiding_traceback = False
+        self.bar = ""
+
+    def follow(self, stop: threading.Event) -> None:
+        while True:
+            finished = stop.is_set()  # read once more after the workers are gone: nothing is lost
+            for line in self._new_lines(self.log):
+                self._log_line(line)
+            if self.events is not None:
+                for line in self._new_lines(self.events):
+                    text = progress_text(json.loads(line))
+                    if text.startswith("\r["):
+                        self.bar = text
+                    self.stream.write(text)
+            self.stream.flush()
+            if finished:
+                if self.events is not None and self.bar:
+                    self.stream.write("\n")
+                    self.stream.flush()
+                return
+            time.sleep(0.2)
+
+    def _new_lines(self, path: Path | None) -> list[str]:
+        if path is None or not path.exists():
+            return []
+        with open(path, errors="replace") as file:
+            file.seek(self.positions[path])
+            self.pending[path] += file.read()
+            self.positions[path] = file.tell()
+        *complete, self.pending[path] = self.pending[path].split("\n")
+        return complete
+
+    def _log_line(self, line: str) -> None:
+        from orchestrator.local_worker import HEADER
+
+        if line.startswith(HEADER):
+            self.hiding_traceback = False
+            attempt = re.search(r"attempt (\d+)", line)
+            if attempt and int(attempt.group(1)) > 0:
+                policy = (
+                    f"restart.policy {self.local.restart_policy}"
+                    if self.local.restart_policy == "job"
+                    else ("elastic.max_restarts")
+                )
+                self._print(
+                    f"restarting all {self.local.world_size} ranks together: restart {attempt.group(1)} "
+                    f"of {self.local.max_restarts} ({policy})"
+                )
             return
-        time.sleep(0.2)
+        if _TRACEBACK.match(line):
+            self.hiding_traceback = True
+        if self.hiding_traceback or (self.events is not None and _BAR_SHOWS.match(line)):
+            return
+        self._print(line)
+
+    def _print(self, line: str) -> None:
+        if self.events is not None and self.bar:  # clear the bar, print the line, draw the bar again
+            self.stream.write(f"\r\x1b[2K{line}\n{self.bar}")
+        else:
+            self.stream.write(line + "\n")
 
 
 def progress_text(event: dict[str, Any]) -> str:

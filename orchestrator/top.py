@@ -88,7 +88,12 @@ def prometheus_url(flag: str | None) -> str | None:
     return None
 
 
-def local_exporter_url(port: int | None) -> str:
+def local_exporter_url(port: int | None, job: str | None = None) -> str:
+    if not port and not os.environ.get("ORCH_METRICS_PORT") and job:
+        from orchestrator import local  # the live `orch run` of this job records where it serves
+
+        if url := local.metrics_url_of(job):
+            return url
     port = port or int(os.environ.get("ORCH_METRICS_PORT") or 0) or DEFAULT_METRICS_PORT
     return f"http://127.0.0.1:{port}/metrics"
 

@@ -24,8 +24,11 @@ def run(
     """Run JOB on this machine: torch's elastic launcher, gloo on CPU or one process per local GPU.
 
     The batch is global: with --procs the accumulation is recomputed so each optimizer step still sees
-    train.batch_size samples. Writes summary.json, model.pt and checkpoints to --out
-    (default runs/NAME-TIMESTAMP/); rerunning with the same --out resumes from the last checkpoint.
+    train.batch_size samples. Writes summary.json, model.pt, checkpoints and every rank's output
+    (logs/rank-N.log) to --out (default runs/NAME-TIMESTAMP/, a new one per run); rerunning with the same
+    --out resumes from the last checkpoint, and a directory another live run holds is refused.
+    With `restart.policy: job` a failing rank restarts every rank, up to restart.max_restarts times.
+    Metrics are served on 127.0.0.1 (another port when the job's is taken; ORCH_METRICS_ADDR to change).
 
     \b
     Example:
@@ -43,8 +46,11 @@ def run(
         if plan.train
         else " ".join(plan.command or [])
     )
-    click.echo(f"orch run {spec.name}: {what} -> {plan.output_dir}/")
-    summary = local.run(plan, progress_bar=sys.stdout.isatty())
+    for warning in local.check_devices(plan):
+        click.echo(f"warning: {warning}", err=True)
+    with local.claim(plan) as claimed:
+        click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/")
+        summary = local.run(claimed, progress_bar=sys.stdout.isatty())
     if summary is not None:
         click.echo(format_summary(summary))
 

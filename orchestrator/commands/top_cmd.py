@@ -20,7 +20,10 @@ from orchestrator.commands.common import output_option
     "--local", "local", is_flag=True, help="Read a run on this machine from its exporter (127.0.0.1)."
 )
 @click.option(
-    "--port", type=int, default=None, help="Exporter port for --local. Default: $ORCH_METRICS_PORT or 9400."
+    "--port",
+    type=int,
+    default=None,
+    help="Exporter port for --local. Default: the live `orch run` of NAME's, $ORCH_METRICS_PORT, or 9400.",
 )
 @click.option(
     "--exporter",
@@ -67,7 +70,7 @@ def top(
     from orchestrator import top as top_lib
     from orchestrator.errors import UsageError
 
-    urls = list(exporters) + ([top_lib.local_exporter_url(port)] if local else [])
+    urls = list(exporters) + ([top_lib.local_exporter_url(port, job=name)] if local else [])
     base = None
     if urls:
         if prometheus:

@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_rendered_torchrun_command_gives_each_process_its_rank():
+def test_rendered_torchrun_command_gives_each_process_its_rank(tmp_path):
     spec = JobSpec.model_validate(
         {"name": "probe", "image": "i:1", "procs_per_node": 2, "command": ["python", "-c", PROBE]}
     )
@@ -56,6 +56,7 @@ def test_rendered_torchrun_command_gives_each_process_its_rank():
     pod_env = {e["name"]: e["value"] for e in container["env"]}
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, **pod_env, **operator_env, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    env["TMPDIR"] = str(tmp_path)  # torchrun's log folder (torchelastic_*) goes with the test's
     result = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("proc"))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.trainer.conftest import REPO, assert_same_params, job, orch_run
+from tests.trainer.conftest import ORCH as ORCH_CMD
+from tests.trainer.conftest import REPO, assert_same_params, job, orch_run, write_job
 
 pytestmark = pytest.mark.slow
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -85,9 +86,16 @@ def test_a_failing_rank_is_reported_with_its_error(run_job):
     spec = job("fails", task="tests.trainer.plugin_tasks:fails_on_rank", task_args={"rank": 1})
     run = run_job(spec, "--procs", "2")
     assert run.returncode == 1
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: rank 1 failed (exit code 1): ")
-    assert "deliberate failure on rank 1" in last
+    # One line: the first failing rank, its exception, where it was raised, and its log; no tracebacks.
+    assert run.stderr.strip().splitlines() == [
+        "error: rank 1 failed (exit code 1): ValueError: deliberate failure on rank 1 "
+        f"(at tests/trainer/plugin_tasks.py:40 in fails_on_rank); its output: {run.out}/logs/rank-1.log"
+    ]
+    assert "Traceback" not in run.stdout
+    # Every rank's whole output is kept.
+    log = (run.out / "logs" / "rank-1.log").read_text()
+    assert "Traceback (most recent call last):" in log and "ValueError: deliberate failure on rank 1" in log
+    assert (run.out / "logs" / "rank-0.log").exists()
 
 
 def test_task_factories_that_do_not_fit_are_clear_errors():
@@ -199,6 +207,72 @@ def test_default_output_directory(tmp_path):
     assert plan.output_dir == Path("runs/named-20260102-030405")
 
 
+def test_default_output_directories_are_unique_and_a_held_one_is_refused(tmp_path, monkeypatch):
+    """Two runs of a job started in the same second get two directories; an --out in use is refused."""
+    from datetime import datetime
+
+    from orchestrator import loading, local
+    from tests.trainer.conftest import write_job
+
+    monkeypatch.chdir(tmp_path)
+    spec = loading.load_job(str(write_job(tmp_path, job("twice"))))
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    with local.claim(local.plan(spec, now=now)) as first, local.claim(local.plan(spec, now=now)) as second:
+        assert (first.output_dir, second.output_dir) == (
+            Path("runs/twice-20260102-030405"),
+            Path("runs/twice-20260102-030405-2"),
+        )
+        assert second.env["ORCH_OUTPUT_DIR"] == str(tmp_path / "runs/twice-20260102-030405-2")
+        # A chosen --out that a live run holds: refused before anything is written into it.
+        held = local.plan(spec, output_dir=str(first.output_dir))
+        with (
+            pytest.raises(local.OutputDirBusy, match=r"twice-20260102-030405/ is in use by another orch run"),
+            local.claim(held),
+        ):
+            pass
+        run = orch_run(tmp_path / "twice.yaml", tmp_path / first.output_dir)
+        assert run.returncode == 2
+        assert run.stderr.strip().splitlines() == [
+            f"error: {tmp_path / first.output_dir}/ is in use by another orch run: wait for it to finish, "
+            "or pass another --out"
+        ]
+        assert sorted(p.name for p in first.output_dir.iterdir()) == ["run.lock"]
+    with local.claim(held) as again:  # released with the run
+        assert again.output_dir == first.output_dir
+
+
+def test_an_output_directory_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    run = orch_run(REPO / "examples" / "digits.yaml", tmp_path / "file" / "out")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"error: --out {tmp_path}/file/out: cannot create it: Not a directory"
+    ]
+
+
+def test_a_gpu_job_on_a_machine_without_gpus_says_so_once_and_leaves_nothing_in_tmp(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    spec = job("gpuless", max_steps=2, log_every=1)
+    spec["gpus_per_node"] = 1
+    run = orch_run(write_job(tmp_path, spec), tmp_path / "out", env={"TMPDIR": str(scratch)})
+    assert run.returncode == 0, run.stderr
+    warning = (
+        "warning: the job asks for 1 GPU per node but this machine has none (torch sees no CUDA device): "
+        "running 1 process on the CPU with gloo"
+    )
+    assert run.stderr.splitlines().count(warning) == 1, run.stderr
+    assert run.summary["device"] == "cpu"
+    # torch's elastic log folders (torchelastic_*), metrics files, the live-run index: none left behind.
+    # (torchinductor_USER is torch's compile cache, one per user and reused by every run: not a leftover.)
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert not (tmp_path / "out" / ".metrics").exists()
+
+
 def test_command_jobs_run_under_the_launcher_with_the_job_environment(tmp_path):
     script = (
         "import os, pathlib; "
@@ -243,6 +317,7 @@ def test_the_rendered_pod_command_trains(tmp_path):
         **{e["name"]: e["value"] for e in container["env"] if "value" in e},
         "ORCH_OUTPUT_DIR": str(tmp_path / "output"),  # an emptyDir in the pod
         "ORCH_METRICS_PORT": "0",  # the metrics tests own the exporter
+        "TMPDIR": str(tmp_path),  # torchrun's log folder (torchelastic_*) goes with the test's
         # What the training operator sets on the Master pod: RANK is the pod's index, not a process rank.
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2",
         "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "PET_NNODES": "1", "PET_NODE_RANK": "0",
@@ -296,3 +371,54 @@ def test_plan_gives_the_processes_the_jobs_exporter_settings(tmp_path):
     )  # fmt: skip
     off = loading.load_job(path, ["metrics.enabled=false"])
     assert local.plan(off, output_dir=str(tmp_path / "o")).env["ORCH_METRICS_PORT"] == "0"
+
+
+def test_local_metrics_listen_on_loopback_move_off_a_taken_port_and_top_finds_them(tmp_path):
+    import re
+    import signal
+    import socket
+
+    from tests.trainer.test_faults import wait_for
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "PROMETHEUS_MULTIPROC"))}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path)  # the live-run index `orch top --local` reads
+    spec = job("metered", max_steps=100000, task_args={"samples": 256, "sample_delay": 0.01})
+    with socket.socket() as busy:  # another program holds the job's port
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec["metrics"] = {"port": port}
+        process = subprocess.Popen(
+            [*ORCH_CMD, "run", str(write_job(tmp_path, spec)), "--out", str(tmp_path / "out"), "--procs", "2"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            process.stdout.readline()  # orch run metered: ...
+            line = process.stdout.readline().strip()
+            match = re.fullmatch(
+                rf"metrics: http://127\.0\.0\.1:(\d+)/metrics \(port {port} is in use\)", line
+            )
+            assert match, line
+            chosen = int(match.group(1))
+            assert chosen != port
+
+            def top() -> dict:
+                result = subprocess.run(
+                    [*ORCH_CMD, "top", "metered", "--local", "--once", "-o", "json"],
+                    cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+                return json.loads(result.stdout) if result.returncode == 0 else {}
+
+            wait_for(lambda: {r["rank"] for r in top().get("rows", [])} == {0, 1}, what="orch top --local")
+            # The exporter listens on the loopback address only (/proc/net/tcp: 0100007F, state 0A = LISTEN).
+            listening = [
+                fields[1]
+                for fields in (row.split() for row in Path("/proc/net/tcp").read_text().splitlines()[1:])
+                if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == chosen
+            ]
+            assert listening == [f"0100007F:{chosen:04X}"]
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=120)
+    assert list(tmp_path.glob("orch-*")) == []  # the index entry went with the run
+    assert not (tmp_path / "out" / ".metrics").exists()
