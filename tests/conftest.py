@@ -19,3 +19,17 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_tmpdir(tmp_path_factory):
+    """Processes the tests start write their temporary files (torchrun's torchelastic_* log folders, metrics
+    files) under this session's pytest folder, which pytest rotates, instead of leaving them in /tmp."""
+    scratch = tmp_path_factory.mktemp("tmpdir")
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
