@@ -253,7 +253,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     env = dict(local.env)
     # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
     env.update({name: value for name, value in os.environ.items() if name in METRICS_ENV})
-    metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream)
+    # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
+    metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream) if local.train is not None else None
     env.update(
         ORCH_LAUNCHER_PID=str(os.getpid()),
         ORCH_LOG_DIR=str(log_dir.resolve()),

@@ -289,6 +289,7 @@ def test_command_jobs_run_under_the_launcher_with_the_job_environment(tmp_path):
         "rank-0": "2 byo hello",
         "rank-1": "2 byo hello",
     }
+    assert "metrics:" not in run.stdout  # only the trainer serves metrics
 
 
 def test_the_rendered_pod_command_trains(tmp_path):
