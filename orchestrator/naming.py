@@ -16,11 +16,24 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 COMPONENT_TRAINING = "training"  # LABEL_COMPONENT value of the job and its pods
 COMPONENT_CONFIG = "config"  # ... of the ConfigMap
 COMPONENT_MONITORING = "monitoring"  # ... of the PodMonitor
+COMPONENT_RUNTIME = "runtime"  # ... of the TrainingRuntime orch renders for a TrainJob
 
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 # Kueue admits a job into the LocalQueue named by this label (on the PyTorchJob itself).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's WorkloadPriorityClass of a queued job (label on the job object).
+LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
+# Kueue topology-aware scheduling: annotations on pod templates naming the node label of a topology level.
+ANNOTATION_KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+ANNOTATION_KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+ANNOTATION_KUEUE_PODSET_GROUP = "kueue.x-k8s.io/podset-group-name"  # PodSets placed in one domain together
+# Volcano: the queue of a TrainJob's PodGroup (Trainer v2's volcano plugin reads it from the JobSet template).
+ANNOTATION_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+# scheduling.scheduler values that gang-schedule a PodGroup: Volcano, and the scheduler-plugins chart's
+# second scheduler (coscheduling plugin).
+SCHEDULER_VOLCANO = "volcano"
+SCHEDULER_COSCHEDULING = "scheduler-plugins-scheduler"
 # The Prometheus operator's Prometheus selects PodMonitors by this label (kube-prometheus-stack: the Helm release).
 LABEL_PROMETHEUS_RELEASE = "release"
 
@@ -29,6 +42,17 @@ LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)
 LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 LABEL_JOB_ROLE = "training.kubeflow.org/job-role"  # "master" on the pod that hosts rank 0
+
+# --- Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1): the names its torch plugin and JobSet builder look
+# for (pkg/constants/constants.go): the replicated job labelled ancestor=trainer, its container `node`.
+TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINER_API_GROUP = "trainer.kubeflow.org"
+LABEL_TRAINJOB_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+TRAINJOB_REPLICATED_JOB = "node"  # JobSet replicatedJob of the training pods; pods are <job>-node-0-<i>
+TRAINJOB_CONTAINER_NAME = "node"  # the container that gets image, command, env and PET_* from the TrainJob
+TRAINJOB_MASTER_PORT = 29500  # PET_MASTER_PORT the torch plugin sets (and adds as a container port)
+RUNTIME_PATCH_MANAGER = "orch.dev/render"  # runtimePatches[].manager of orch's patch
 
 # --- Containers, ports, paths inside the pods.
 CONTAINER_NAME = "pytorch"  # the operator requires it; logs and exit codes are read from it

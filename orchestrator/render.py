@@ -1,7 +1,8 @@
 """JobSpec -> the Kubernetes objects that run it: a pure function through the Jinja2 templates in manifests/.
 
-`render(spec)` returns plain dicts (ConfigMap, PyTorchJob, PodMonitor); it reads the packaged templates and
-nothing else. Every decision (names, labels, the torchrun command, env, volumes, defaults) is made here in
+`render(spec, api=...)` returns plain dicts: ConfigMap, then a PyTorchJob (kubeflow.org/v1, the training
+operator) or a TrainingRuntime + TrainJob (trainer.kubeflow.org/v1alpha1, Trainer v2), then a PodMonitor. It
+reads the packaged templates and nothing else; no cluster is asked. Every decision (names, labels, the torchrun command, env, volumes, defaults) is made here in
 Python; the templates only place the values. `to_yaml` / `to_json` serialise the objects for the CLI.
 
 Facts about the Kubeflow training operator v1.9 this relies on (see docs/jobspec.md):
@@ -11,6 +12,14 @@ Facts about the Kubeflow training operator v1.9 this relies on (see docs/jobspec
   Worker replicas are scaled);
 - the Master replica must say `replicas: 1`; a job without a Master (elastic) rendezvouses at worker-0;
 - the main container must be called `pytorch` and expose the port `pytorchjob-port`.
+
+And about Trainer v2 (kubeflow/trainer master; docs/decisions.md has the design):
+- the TrainJob's runtime is a JobSet template; the replicated job labelled
+  trainer.kubeflow.org/trainjob-ancestor-step=trainer and its container `node` get the TrainJob's image,
+  command, env, resourcesPerNode, and PET_NNODES/NPROC_PER_NODE/NODE_RANK/MASTER_ADDR/MASTER_PORT from the
+  torch plugin, so the same torchrun command runs under both APIs;
+- orch renders a namespaced TrainingRuntime per job (the whole pod template is orch's), or, with
+  `runtime: NAME`, patches a ClusterTrainingRuntime through runtimePatches (only the fields that CRD allows).
 """
 
 from __future__ import annotations
@@ -31,8 +40,11 @@ if TYPE_CHECKING:
 TEMPLATES = {
     "configmap": "configmap.yaml.j2",
     "pytorchjob": "pytorchjob.yaml.j2",
+    "trainingruntime": "trainingruntime.yaml.j2",
+    "trainjob": "trainjob.yaml.j2",
     "podmonitor": "podmonitor.yaml.j2",
 }
+APIS = ("pytorchjob", "trainjob")
 TRAINER_MODULE = "orchestrator.trainer"
 SHM_PER_GPU_GI = 2  # /dev/shm default: 2Gi per GPU (NCCL ~33M per communicator + pinned DataLoader batches)
 SHM_CPU_DEFAULT = "1Gi"  # /dev/shm default of a CPU pod (gloo and DataLoader workers)
@@ -85,21 +97,42 @@ def _render_template(template: str, context: dict[str, Any]) -> dict[str, Any]:
     return yaml.load(text, Loader=loader)
 
 
-def render(spec: JobSpec, *, name: str | None = None) -> list[dict[str, Any]]:
-    """The objects that run `spec` on Kubernetes, in apply order: ConfigMap (train jobs only), PyTorchJob,
-    PodMonitor (when metrics are enabled). `name` overrides spec.name (e.g. a unique submit name)."""
+def resolve_api(spec: JobSpec, api: str | None = None) -> str:
+    """The API `render` renders: `api`, else spec.api; auto is a PyTorchJob (no cluster is asked here;
+    `orch submit` resolves auto by discovery before calling render)."""
+    chosen = api or spec.api
+    return "pytorchjob" if chosen == "auto" else chosen
+
+
+def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) -> list[dict[str, Any]]:
+    """The objects that run `spec` on Kubernetes, in apply order: ConfigMap (train jobs only), the job
+    (PyTorchJob; or TrainingRuntime + TrainJob), PodMonitor (when metrics are enabled). `name` overrides
+    spec.name (e.g. a unique submit name); `api` overrides spec.api (pytorchjob | trainjob | auto)."""
+    from orchestrator.spec import api_problem
+
     if not spec.image:
         raise SpecError("required to render or submit (the training image the pods run)", field="image")
+    chosen = resolve_api(spec, api)
+    if chosen not in APIS:
+        raise SpecError(f"{chosen!r} is not one of auto, pytorchjob, trainjob", field="api")
+    if problem := api_problem(spec, chosen):
+        raise SpecError(problem[1], field=problem[0])
     context = _context(spec, name or spec.name)
     objects = []
     if spec.train is not None:
         objects.append(_render_template(TEMPLATES["configmap"], context))
-    job = _render_template(TEMPLATES["pytorchjob"], context)
-    if spec.pod_overrides:
-        for replica in job["spec"]["pytorchReplicaSpecs"].values():
-            pod = replica["template"]
-            pod["spec"] = merge_overrides(pod["spec"], spec.pod_overrides)
-    objects.append(job)
+    if chosen == "pytorchjob":
+        job = _render_template(TEMPLATES["pytorchjob"], context)
+        if spec.pod_overrides:
+            for replica in job["spec"]["pytorchReplicaSpecs"].values():
+                pod = replica["template"]
+                pod["spec"] = merge_overrides(pod["spec"], spec.pod_overrides)
+        objects.append(job)
+    else:
+        context.update(_trainjob_context(spec, context))
+        if spec.runtime is None:
+            objects.append(_render_template(TEMPLATES["trainingruntime"], context))
+        objects.append(_render_template(TEMPLATES["trainjob"], context))
     if spec.metrics.enabled:
         objects.append(_render_template(TEMPLATES["podmonitor"], context))
     return objects
@@ -108,23 +141,21 @@ def render(spec: JobSpec, *, name: str | None = None) -> list[dict[str, Any]]:
 def _context(spec: JobSpec, name: str) -> dict[str, Any]:
     """Every value the templates place, computed from the spec."""
     training_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)}
-    job_labels = dict(training_labels)
-    if spec.scheduling.queue:
-        job_labels[naming.LABEL_KUEUE_QUEUE] = spec.scheduling.queue
     monitor_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_MONITORING)}
     if spec.metrics.release:
         monitor_labels[naming.LABEL_PROMETHEUS_RELEASE] = spec.metrics.release
     return {
         "name": name,
         "namespace": spec.namespace,
-        "job_labels": job_labels,
+        "job_labels": {**training_labels, **_kueue_labels(spec)},
         "pod_labels": training_labels,
         "annotations": dict(spec.annotations),
+        "pod_annotations": {**spec.annotations, **_topology_annotations(spec)},
         "nproc_per_node": str(spec.procs_per_node),
         "run_policy": _run_policy(spec),
         "elastic_policy": _elastic_policy(spec),
         "replicas": _replicas(spec),
-        "restart_policy": RESTART_POLICIES[spec.restart.policy],
+        "restart_policy": RESTART_POLICIES[spec.restart.policy or "on-failure"],
         "pod_security_context": {"seccompProfile": {"type": "RuntimeDefault"}},
         "container_security_context": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "service_account": spec.service_account,
@@ -154,6 +185,285 @@ def _context(spec: JobSpec, name: str) -> dict[str, Any]:
     }
 
 
+# --- queues and gangs (both APIs) ---------------------------------------------------------------------------
+
+
+def kueue_queue(spec: JobSpec) -> str | None:
+    """The Kueue LocalQueue: scheduling.queue, unless Volcano schedules the job (then it is Volcano's queue)."""
+    if spec.scheduling.scheduler == naming.SCHEDULER_VOLCANO:
+        return None
+    return spec.scheduling.queue
+
+
+def gang_scheduler(spec: JobSpec) -> str | None:
+    """ "volcano" or "coscheduling" when a PodGroup gang-schedules the pods, else None."""
+    if not spec.gang:
+        return None
+    return {
+        naming.SCHEDULER_VOLCANO: "volcano",
+        naming.SCHEDULER_COSCHEDULING: "coscheduling",
+    }.get(spec.scheduling.scheduler or "")
+
+
+def _kueue_labels(spec: JobSpec) -> dict[str, str]:
+    """On the job object: Kueue creates one Workload for it and admits all its pods at once."""
+    queue = kueue_queue(spec)
+    if queue is None:
+        return {}
+    labels = {naming.LABEL_KUEUE_QUEUE: queue}
+    if spec.scheduling.priority:
+        labels[naming.LABEL_KUEUE_PRIORITY] = spec.scheduling.priority
+    return labels
+
+
+def _topology_annotations(spec: JobSpec) -> dict[str, str]:
+    """Kueue topology-aware scheduling, on every pod template. A PyTorchJob with a Master and Workers has
+    two PodSets: one podset-group-name makes Kueue place both in one domain of the required level."""
+    topology = spec.scheduling.topology
+    if topology is None or kueue_queue(spec) is None:
+        return {}
+    if topology.required:
+        annotations = {naming.ANNOTATION_KUEUE_REQUIRED_TOPOLOGY: topology.required}
+        if _master_and_workers(spec):
+            annotations[naming.ANNOTATION_KUEUE_PODSET_GROUP] = spec.name
+        return annotations
+    return {naming.ANNOTATION_KUEUE_PREFERRED_TOPOLOGY: str(topology.preferred)}
+
+
+def _scheduling_policy(spec: JobSpec) -> dict[str, Any] | None:
+    """PyTorchJob runPolicy.schedulingPolicy: the v1 operator (run with --gang-scheduler-name) creates a
+    PodGroup from it; minAvailable is every pod of the job."""
+    scheduler = gang_scheduler(spec)
+    if scheduler is None:
+        return None
+    policy: dict[str, Any] = {"minAvailable": spec.nodes}
+    if scheduler == "volcano":
+        if spec.scheduling.queue:
+            policy["queue"] = spec.scheduling.queue
+        if spec.scheduling.priority_class:
+            policy["priorityClass"] = spec.scheduling.priority_class
+    return policy
+
+
+def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
+    """What `orch submit` should tell the user once before creating the job (pure; empty when all is well):
+    pods that may be scheduled partially, and checkpoints that a restart would lose."""
+    chosen = resolve_api(spec, api)
+    found = []
+    unguarded = kueue_queue(spec) is None and gang_scheduler(spec) is None
+    if spec.nodes > 1 and spec.scheduling.gang is not False and spec.runtime is None and unguarded:
+        found.append(
+            f"nothing prevents partial scheduling: {spec.nodes} pods may start while others wait for "
+            "room, holding their GPUs in the rendezvous; set scheduling.queue (Kueue) or "
+            f"scheduling.scheduler: {naming.SCHEDULER_VOLCANO} | {naming.SCHEDULER_COSCHEDULING} "
+            "(docs/cluster.md, Queues, gangs and recovery)"
+        )
+    if _restarts_replace_pods(spec, chosen) and not _output_on_volume(spec):
+        found.append(
+            f"restart.policy {spec.restart.policy} replaces pods, and the output dir {naming.OUTPUT_DIR} "
+            "(checkpoints) is an emptyDir that goes with them: a restarted job starts from step 0; set "
+            "output: {pvc: CLAIM} or a train.checkpoint.dir on a pvc volume"
+        )
+    return found
+
+
+def _restarts_replace_pods(spec: JobSpec, api: str) -> bool:
+    """Whether a restart creates new pods (a new emptyDir) rather than restarting containers in place:
+    TrainJob's whole-JobSet restart, and ExitCode / restartPolicy Never retries on both APIs."""
+    if spec.runtime is not None:
+        return False  # the runtime decides; orch cannot tell
+    if spec.restart.policy == "exit-code":
+        return True
+    return api == "trainjob" and spec.restart.policy == "job"
+
+
+def _output_on_volume(spec: JobSpec) -> bool:
+    """Whether what a restart must find again lives on a PersistentVolumeClaim."""
+    if spec.output is not None:
+        return True
+    claims = [v.mount.rstrip("/") + "/" for v in spec.volumes if v.pvc is not None and not v.read_only]
+    if spec.train is None:
+        return bool(claims)  # a command job may write anywhere; a writable claim is the best sign
+    directory = spec.train.checkpoint.dir
+    return bool(directory and directory.startswith("/") and any(directory.startswith(c) for c in claims))
+
+
+# --- Trainer v2: TrainingRuntime + TrainJob ---------------------------------------------------------------------
+
+EXIT_CODES_PERMANENT = list(range(1, 128))  # restart.policy exit-code: 1-127 fail the job, signals retry
+
+
+def _trainjob_context(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """The TrainJob (what runs: image, command, env, sizes) and, unless `runtime:` names one, the
+    TrainingRuntime orch renders beside it (how the pods look: the whole JobSet template)."""
+    name = context["name"]
+    trainer: dict[str, Any] = {
+        "image": spec.image,
+        "command": context["command"],
+        "env": context["env"],
+        "numNodes": spec.nodes,
+        "numProcPerNode": spec.procs_per_node,
+    }
+    if context["resources"]:
+        trainer["resourcesPerNode"] = context["resources"]
+    job_spec: dict[str, Any] = {
+        "runtimeRef": {
+            "name": spec.runtime or name,
+            "apiGroup": naming.TRAINER_API_GROUP,
+            "kind": "ClusterTrainingRuntime" if spec.runtime else "TrainingRuntime",
+        },
+        "trainer": trainer,
+    }
+    if kueue_queue(spec) is not None:
+        job_spec["suspend"] = True  # Kueue resumes it once the whole Workload is admitted
+    if spec.deadline is not None:
+        job_spec["activeDeadlineSeconds"] = spec.deadline
+    if spec.runtime is not None:
+        job_spec["runtimePatches"] = [_runtime_patch(spec, context)]
+    return {
+        "trainjob_spec": job_spec,
+        "runtime_labels": {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_RUNTIME)},
+        "runtime_spec": None if spec.runtime else _runtime_spec(spec, context),
+    }
+
+
+def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """A TrainingRuntime spec shaped like Trainer v2's torch-distributed runtime (one replicated job `node`,
+    labelled ancestor=trainer, container `node`), with orch's whole pod template and restart rules."""
+    restart_policy, job_rules, failure_policy = _jobset_restart(spec)
+    pod = {
+        "restartPolicy": restart_policy,
+        **_pod_fields(context),
+        "containers": [
+            {
+                "name": naming.TRAINJOB_CONTAINER_NAME,
+                "image": spec.image,
+                "command": context["command"],
+                **({"ports": [_metrics_port(spec)]} if spec.metrics.enabled else {}),
+                "securityContext": context["container_security_context"],
+                "volumeMounts": context["volume_mounts"],
+            }
+        ],
+        "volumes": context["volumes"],
+    }
+    if context["priority_class"]:
+        pod["priorityClassName"] = context["priority_class"]
+    if context["scheduler_name"]:
+        pod["schedulerName"] = context["scheduler_name"]
+    if spec.pod_overrides:
+        pod = merge_overrides(pod, spec.pod_overrides)
+    pod_metadata: dict[str, Any] = {"labels": context["pod_labels"]}
+    if context["pod_annotations"]:
+        pod_metadata["annotations"] = context["pod_annotations"]
+    jobset: dict[str, Any] = {
+        "replicatedJobs": [
+            {
+                "name": naming.TRAINJOB_REPLICATED_JOB,
+                "replicas": 1,
+                "template": {
+                    "metadata": {
+                        "labels": {naming.LABEL_TRAINJOB_ANCESTOR: naming.TRAINJOB_ANCESTOR_TRAINER}
+                    },
+                    "spec": {**job_rules, "template": {"metadata": pod_metadata, "spec": pod}},
+                },
+            }
+        ]
+    }
+    if failure_policy is not None:
+        jobset["failurePolicy"] = failure_policy
+    runtime: dict[str, Any] = {"mlPolicy": {"numNodes": spec.nodes, "torch": {}}}
+    scheduler = gang_scheduler(spec)
+    if scheduler == "volcano":
+        runtime["podGroupPolicy"] = {"volcano": {}}
+    elif scheduler == "coscheduling":
+        runtime["podGroupPolicy"] = {"coscheduling": {}}
+    template: dict[str, Any] = {"spec": jobset}
+    if scheduler == "volcano" and spec.scheduling.queue:
+        # Trainer v2's volcano plugin reads the PodGroup's queue from the JobSet template's annotations.
+        template["metadata"] = {"annotations": {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}}
+    runtime["template"] = template
+    return runtime
+
+
+def _pod_fields(context: dict[str, Any]) -> dict[str, Any]:
+    """The optional pod spec fields both the runtime and a runtime patch carry."""
+    fields: dict[str, Any] = {"securityContext": context["pod_security_context"]}
+    if context["service_account"]:
+        fields["serviceAccountName"] = context["service_account"]
+    for key, value in (
+        ("nodeSelector", context["node_selector"]),
+        ("tolerations", context["tolerations"]),
+        ("affinity", context["affinity"]),
+        ("imagePullSecrets", context["image_pull_secrets"]),
+    ):
+        if value:
+            fields[key] = value
+    return fields
+
+
+def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """(pod restartPolicy, batch Job fields, JobSet failurePolicy) for restart.policy.
+
+    job: a failed pod fails its Job at once (Never, backoffLimit 0) and JobSet's failurePolicy recreates
+    every Job of the JobSet, so all pods restart together, at most max_restarts times.
+    on-failure: the kubelet restarts the failed container in place; backoffLimit bounds the Job.
+    exit-code: the v1 ExitCode policy as a podFailurePolicy: exit codes 1-127 fail the Job at once, others
+    (signals, OOM kills) count against backoffLimit and get a new pod.
+    never: one failure fails the job."""
+    policy = spec.restart.policy
+    if policy == "job":
+        return "Never", {"backoffLimit": 0}, {"maxRestarts": spec.restart.max_restarts}
+    if policy == "exit-code":
+        rules = [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": naming.TRAINJOB_CONTAINER_NAME,
+                    "operator": "In",
+                    "values": EXIT_CODES_PERMANENT,
+                },
+            }
+        ]
+        return (
+            "Never",
+            {"backoffLimit": spec.restart.backoff_limit, "podFailurePolicy": {"rules": rules}},
+            None,
+        )
+    if policy == "never":
+        return "Never", {"backoffLimit": 0}, None
+    return "OnFailure", {"backoffLimit": spec.restart.backoff_limit}, None
+
+
+def _runtime_patch(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """runtimePatches entry for a ClusterTrainingRuntime (`runtime: NAME`): the pod fields the TrainJob CRD
+    lets a patch set. Env, image, command and resources travel in spec.trainer; what a patch cannot carry was
+    refused by spec.api_problem."""
+    pod: dict[str, Any] = {
+        **_pod_fields(context),
+        "containers": [
+            {
+                "name": naming.TRAINJOB_CONTAINER_NAME,
+                "securityContext": context["container_security_context"],
+                "volumeMounts": context["volume_mounts"],
+            }
+        ],
+        "volumes": context["volumes"],
+    }
+    if spec.pod_overrides:
+        pod = merge_overrides(pod, spec.pod_overrides)
+    pod_metadata: dict[str, Any] = {"labels": context["pod_labels"]}
+    if context["pod_annotations"]:
+        pod_metadata["annotations"] = context["pod_annotations"]
+    replicated_job = {
+        "name": naming.TRAINJOB_REPLICATED_JOB,
+        "template": {"spec": {"template": {"metadata": pod_metadata, "spec": pod}}},
+    }
+    return {
+        "manager": naming.RUNTIME_PATCH_MANAGER,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated_job]}}},
+    }
+
+
 def train_json(spec: JobSpec) -> str | None:
     """The ConfigMap's train.json: what `python -m orchestrator.trainer --config` reads."""
     if spec.train is None:
@@ -174,6 +484,10 @@ def _elastic_agent(spec: JobSpec) -> bool:
     """Whether torchrun runs as an elastic agent: `elastic:` jobs, and restart.policy job on a PyTorchJob
     (min = max = nodes: any failed process makes every agent restart its workers and re-form the group)."""
     return spec.elastic is not None or spec.restart.policy == "job"
+
+
+def _master_and_workers(spec: JobSpec) -> bool:
+    return not _elastic_agent(spec) and spec.nodes > 1
 
 
 def _replicas(spec: JobSpec) -> list[dict[str, Any]]:
@@ -201,6 +515,11 @@ def _run_policy(spec: JobSpec) -> dict[str, Any]:
         policy["activeDeadlineSeconds"] = spec.deadline
     if spec.ttl_after_finished is not None:
         policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
+    if (scheduling := _scheduling_policy(spec)) is not None:
+        policy["schedulingPolicy"] = scheduling
+    if kueue_queue(spec) is not None:
+        # Created suspended: Kueue resumes the job once its Workload (every pod) is admitted.
+        policy["suspend"] = True
     return policy
 
 
@@ -259,10 +578,12 @@ def _env(spec: JobSpec, name: str) -> list[dict[str, Any]]:
 def _ports(spec: JobSpec) -> list[dict[str, Any]]:
     ports = [{"name": naming.RDZV_PORT_NAME, "containerPort": naming.RDZV_PORT, "protocol": "TCP"}]
     if spec.metrics.enabled:
-        ports.append(
-            {"name": naming.METRICS_PORT_NAME, "containerPort": spec.metrics.port, "protocol": "TCP"}
-        )
+        ports.append(_metrics_port(spec))
     return ports
+
+
+def _metrics_port(spec: JobSpec) -> dict[str, Any]:
+    return {"name": naming.METRICS_PORT_NAME, "containerPort": spec.metrics.port, "protocol": "TCP"}
 
 
 def _resources(spec: JobSpec) -> dict[str, Any]:
@@ -290,7 +611,10 @@ def _volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
     mounts = [{"name": VOLUME_SHM, "mountPath": "/dev/shm"}]
     if spec.train is not None:
         mounts.append({"name": VOLUME_CONFIG, "mountPath": naming.CONFIG_DIR, "readOnly": True})
-    mounts.append({"name": VOLUME_OUTPUT, "mountPath": naming.OUTPUT_DIR})
+    output = {"name": VOLUME_OUTPUT, "mountPath": naming.OUTPUT_DIR}
+    if spec.output is not None:
+        output["subPath"] = spec.output.sub_path or spec.name
+    mounts.append(output)
     for volume in spec.volumes:
         mount = {"name": volume.name, "mountPath": volume.mount}
         if volume.read_only:
@@ -305,7 +629,10 @@ def _volumes(spec: JobSpec, name: str) -> list[dict[str, Any]]:
     ]
     if spec.train is not None:
         volumes.append({"name": VOLUME_CONFIG, "configMap": {"name": naming.config_map_name(name)}})
-    volumes.append({"name": VOLUME_OUTPUT, "emptyDir": {}})
+    if spec.output is not None:
+        volumes.append({"name": VOLUME_OUTPUT, "persistentVolumeClaim": {"claimName": spec.output.pvc}})
+    else:
+        volumes.append({"name": VOLUME_OUTPUT, "emptyDir": {}})
     for volume in spec.volumes:
         volumes.append({"name": volume.name, **_volume_source(volume)})
     return volumes

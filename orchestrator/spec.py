@@ -454,6 +454,12 @@ class JobSpec(Model):
             data = {**data, "procs_per_node": gpus if isinstance(gpus, int) and gpus > 0 else 1}
         if isinstance(data, dict) and isinstance(data.get("restart", {}), dict):
             restart = data.get("restart") or {}
+            if restart and data.get("runtime") is not None:
+                raise FieldError(
+                    "restart",
+                    "with runtime: the ClusterTrainingRuntime's JobSet failurePolicy decides restarts "
+                    "(runtimePatches cannot set it); remove restart, or drop runtime:",
+                )
             if restart.get("policy") is None:
                 # One pod restarted alone cannot rejoin its peers' communicator (the job hangs), so jobs of
                 # more than one node restart whole; elastic jobs re-form through torchrun's own agent.
@@ -520,6 +526,31 @@ class JobSpec(Model):
         return self.scheduling.gang if self.scheduling.gang is not None else self.nodes > 1
 
 
+# torchrun's settings that Trainer v2's torch plugin injects; its webhook refuses them in trainer.env.
+TRAINJOB_RESERVED_ENV = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+# Pod spec fields a TrainJob's runtimePatches may set (the TrainJob CRD), and what a container patch may say.
+RUNTIME_PATCH_POD_FIELDS = (
+    "affinity",
+    "containers",
+    "imagePullSecrets",
+    "initContainers",
+    "nodeSelector",
+    "schedulingGates",
+    "securityContext",
+    "serviceAccountName",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "volumes",
+)
+RUNTIME_PATCH_CONTAINER_FIELDS = ("name", "volumeMounts", "securityContext")
+
+
 def api_problem(spec: JobSpec, api: str) -> tuple[str, str] | None:
     """(field, why) when `spec` cannot be expressed as `api`; None when it can. auto is checked per API."""
     if api == "pytorchjob" and spec.runtime is not None:
@@ -531,6 +562,47 @@ def api_problem(spec: JobSpec, api: str) -> tuple[str, str] | None:
             "elastic",
             "TrainJob (Trainer v2) has no elastic training (removed in v2.2); use api: pytorchjob",
         )
+    if spec.ttl_after_finished is not None:
+        return (
+            "ttl_after_finished",
+            "TrainJob has no TTL (a JobSet TTL makes the controller re-run it, kubeflow/trainer#3737); "
+            "remove it and `orch delete` finished jobs",
+        )
+    if reserved := sorted(set(spec.env) & set(TRAINJOB_RESERVED_ENV)):
+        return "env", f"{reserved[0]} is set by Trainer v2's torch plugin; TrainJob refuses it in the env"
+    if spec.runtime is not None:
+        return _runtime_patch_problem(spec)
+    return None
+
+
+def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
+    """What a TrainJob cannot carry in runtimePatches when it runs on someone else's runtime."""
+    why = f"runtimePatches cannot set it; the ClusterTrainingRuntime {spec.runtime!r} decides"
+    for field, value in (
+        ("scheduling.scheduler", spec.scheduling.scheduler),
+        ("scheduling.priority_class", spec.scheduling.priority_class),
+        ("scheduling.gang", spec.scheduling.gang),
+    ):
+        if value is not None:
+            return field, f"{why} (remove it, or drop runtime: to let orch render the runtime)"
+    if spec.metrics.enabled:
+        return (
+            "metrics.enabled",
+            f"the metrics port cannot be added to the runtime {spec.runtime!r} (runtimePatches have no "
+            "ports): set metrics: {enabled: false}, or drop runtime:",
+        )
+    for key, value in spec.pod_overrides.items():
+        if key not in RUNTIME_PATCH_POD_FIELDS:
+            return (
+                f"pod_overrides.{key}",
+                f"{why} (runtimePatches may set {', '.join(RUNTIME_PATCH_POD_FIELDS)})",
+            )
+        if key == "containers" and isinstance(value, list):
+            for container in value:
+                extra = sorted(set(container) - set(RUNTIME_PATCH_CONTAINER_FIELDS))
+                if isinstance(container, dict) and extra:
+                    return f"pod_overrides.containers.{extra[0]}", f"{why} (a container patch may set name, "
+                    "volumeMounts and securityContext)"
     return None
 
 

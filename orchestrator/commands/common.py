@@ -47,3 +47,14 @@ def load_job(job_file: str, overrides: tuple[str, ...], *, require_image: bool =
     from orchestrator import loading
 
     return loading.load_job(job_file, overrides, require_image=require_image)
+
+
+def api_option(fn: F) -> F:
+    """`--api auto|pytorchjob|trainjob`: which Kubeflow API renders the job (overrides the file's `api:`)."""
+    return click.option(
+        "--api",
+        type=click.Choice(["auto", "pytorchjob", "trainjob"]),
+        default=None,
+        help="Kubeflow API to render: pytorchjob (training operator v1), trainjob (Trainer v2), or auto "
+        "(the file's `api:`, default auto; render: pytorchjob, submit: what the cluster serves).",
+    )(fn)

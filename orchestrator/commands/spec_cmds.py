@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.commands.common import job_options, load_job, output_option
+from orchestrator.commands.common import api_option, job_options, load_job, output_option
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
@@ -20,7 +20,7 @@ name: {name}                  # DNS-1035 label: lowercase letters, digits, '-'; 
 # namespace: ml              # default: your kubeconfig context's namespace
 image: {image}   # the training image the pods run (render/submit need it; `orch run` ignores it)
 
-nodes: 1                      # pods: 1 Master + (nodes - 1) Workers
+nodes: 1                      # pods, one per node
 gpus_per_node: 0              # nvidia.com/gpu per pod; 0 trains on CPU (gloo)
 # procs_per_node: 1           # default: gpus_per_node, or 1 on CPU
 # resources: {{cpu: "8", memory: 32Gi, shm: 8Gi}}   # shm sizes /dev/shm (default 2Gi per GPU, 1Gi on CPU)
@@ -40,7 +40,8 @@ train:                        # the built-in trainer; or `command: [python, -m, 
 # secret_env: {{HF_TOKEN: {{secret: hf-token, key: token}}}}
 # volumes:
 #   - {{name: data, mount: /data, pvc: datasets, read_only: true}}
-# restart: {{policy: exit-code, backoff_limit: 3}}   # on-failure | exit-code | never
+# api: auto   # auto | pytorchjob (training operator v1) | trainjob (Kubeflow Trainer v2)
+# restart: {{policy: job, max_restarts: 3}}   # job (default for nodes > 1) | on-failure | exit-code | never
 # deadline: 24h
 # metrics: {{enabled: true, port: 9400}}
 """
@@ -121,9 +122,11 @@ def summary(spec: JobSpec) -> list[str]:
 
 @click.command()
 @job_options
+@api_option
 @output_option("yaml", "json")
-def render(job_file: str, overrides: tuple[str, ...], output: str) -> None:
-    """Print the Kubernetes objects for a job: ConfigMap, PyTorchJob, PodMonitor.
+def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: str) -> None:
+    """Print the Kubernetes objects for a job: ConfigMap, PyTorchJob (or TrainingRuntime + TrainJob with
+    --api trainjob), PodMonitor. No cluster is asked: --api auto renders a PyTorchJob.
 
     YAML (several documents) by default, or one JSON List with -o json; both pipe into kubectl.
 
@@ -131,9 +134,11 @@ def render(job_file: str, overrides: tuple[str, ...], output: str) -> None:
     Example:
       orch render examples/gpt-multinode.yaml | kubectl apply -f -
       orch render job.yaml --set nodes=4 -o json
+      orch render job.yaml --api trainjob | kubectl apply -f -
     """
     from orchestrator import render as rendering
 
-    spec = load_job(job_file, overrides, require_image=True)
+    # --api as an override: what the chosen API cannot carry is reported at its line in the file.
+    spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, require_image=True)
     objects = rendering.render(spec)
     click.echo(rendering.to_yaml(objects) if output == "yaml" else rendering.to_json(objects), nl=False)

@@ -14,7 +14,7 @@ import yaml
 
 from orchestrator import loading, render
 from tests.spec.conftest import EXAMPLES
-from tests.spec.manifest_checks import REPO, cluster_errors
+from tests.spec.manifest_checks import REPO, cluster_errors, objects_errors
 
 
 def test_every_example_renders_objects_the_cluster_accepts(example):
@@ -24,10 +24,21 @@ def test_every_example_renders_objects_the_cluster_accepts(example):
         assert cluster_errors(obj) == [], f"{example.name}: {obj['kind']}"
 
 
+def test_every_example_renders_a_trainjob_the_cluster_accepts(example):
+    """--api trainjob: TrainingRuntime (as itself, its template as a JobSet, its Jobs as batch Jobs) and
+    TrainJob against the real CRDs and the Trainer v2 webhook rules, in apply order."""
+    objects = render.render(loading.load_job(example), api="trainjob")
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("TrainingRuntime") < kinds.index("TrainJob")
+    assert objects_errors(objects) == []
+
+
 def test_examples_cover_the_renderer():
-    """The examples exercise both topologies, both job kinds and metrics on and off."""
+    """The examples exercise both topologies, both job kinds and metrics on and off. (No example is elastic:
+    every example must also render as a TrainJob, which has no elastic training; test_render covers it.)"""
     specs = [loading.load_job(path) for path in EXAMPLES]
-    assert any(s.elastic for s in specs) and any(not s.elastic and s.nodes > 1 for s in specs)
+    assert any(s.restart.policy == "job" and s.nodes > 1 for s in specs)
+    assert any(s.restart.policy != "job" and s.nodes > 1 for s in specs)
     assert any(s.command for s in specs) and any(s.train for s in specs)
     assert any(s.metrics.enabled for s in specs) and any(not s.metrics.enabled for s in specs)
     assert any(s.gpus_per_node for s in specs) and any(not s.gpus_per_node for s in specs)
@@ -35,8 +46,14 @@ def test_examples_cover_the_renderer():
 
 @pytest.fixture(scope="module")
 def rendered():
-    spec = loading.load_job(EXAMPLES[0].parent / "gpt-multinode.yaml")
+    """gpt-multinode with Master + Workers (restart.policy on-failure), every kind it renders."""
+    spec = loading.load_job(EXAMPLES[0].parent / "gpt-multinode.yaml", ["restart.policy=on-failure"])
     return {o["kind"]: o for o in render.render(spec)}
+
+
+@pytest.fixture(scope="module")
+def trainjob_objects():
+    return render.render(loading.load_job(EXAMPLES[0].parent / "gpt-multinode.yaml"), api="trainjob")
 
 
 def _pod(job, rtype="Worker"):
@@ -71,8 +88,9 @@ MUTATIONS = {
     "container without image": (lambda j: _container(j).update(image=""), "image: must be required"),
     "invalid job name": (lambda j: j["metadata"].update(name="GPT_job"), "DNS-1035"),
     "elastic without Worker": (
-        lambda j: j["spec"]["pytorchReplicaSpecs"].update(
-            Master=j["spec"]["pytorchReplicaSpecs"].pop("Worker")
+        lambda j: (
+            j.update(spec={**j["spec"], "elasticPolicy": {"minReplicas": 1}})
+            or j["spec"]["pytorchReplicaSpecs"].pop("Worker")
         ),
         "must be configured if elastic",
     ),
@@ -89,7 +107,7 @@ MUTATIONS = {
         "Master].replicas: must be 1",
     ),
     "deprecated nProcPerNode with nprocPerNode": (
-        lambda j: j["spec"]["elasticPolicy"].update(nProcPerNode=8),
+        lambda j: j["spec"].update(elasticPolicy={"nProcPerNode": 8}),
         "must not be used with",
     ),
 }
@@ -129,3 +147,120 @@ def test_every_plain_manifest_validates(path):
     assert documents
     for document in documents:
         assert cluster_errors(document) == [], f"{path.name}: {document.get('kind')}"
+
+
+def _by_kind(objects, kind):
+    return next(o for o in objects if o["kind"] == kind)
+
+
+def _runtime_pod(objects):
+    runtime = _by_kind(objects, "TrainingRuntime")
+    return runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+TRAINJOB_MUTATIONS = {
+    "typo in the TrainJob trainer": (
+        lambda o: _by_kind(o, "TrainJob")["spec"]["trainer"].update(numNode=4),
+        "numNode",
+    ),
+    "numProcPerNode as a string": (
+        lambda o: _by_kind(o, "TrainJob")["spec"]["trainer"].update(numProcPerNode="8"),
+        "'8' is not of type",
+    ),
+    "reserved PET env in the TrainJob": (
+        lambda o: _by_kind(o, "TrainJob")["spec"]["trainer"]["env"].append(
+            {"name": "PET_NNODES", "value": "2"}
+        ),
+        "reserved envs",
+    ),
+    "TrainJob name not DNS-1035": (
+        lambda o: _by_kind(o, "TrainJob")["metadata"].update(name="9lives"),
+        "RFC 1035",
+    ),
+    "runtime applied after the TrainJob": (lambda o: o.reverse(), "must be created before the TrainJob"),
+    "runtimeRef to a runtime that is not rendered": (
+        lambda o: _by_kind(o, "TrainJob")["spec"]["runtimeRef"].update(name="other"),
+        "must be created before the TrainJob",
+    ),
+    "unknown field in the JobSet template": (
+        lambda o: _by_kind(o, "TrainingRuntime")["spec"]["template"]["spec"].update(failurePolcy={}),
+        "failurePolcy",
+    ),
+    "unknown pod field in the runtime": (lambda o: _runtime_pod(o).update(hostNetwrok=True), "hostNetwrok"),
+    "Job restartPolicy Always": (
+        lambda o: _runtime_pod(o).update(restartPolicy="Always"),
+        "Unsupported value",
+    ),
+    "trainer replicated job with 2 replicas": (
+        lambda o: _by_kind(o, "TrainingRuntime")["spec"]["template"]["spec"]["replicatedJobs"][0].update(
+            replicas=2
+        ),
+        "always must be 1",
+    ),
+    "no node container in the runtime": (
+        lambda o: _runtime_pod(o)["containers"][0].update(name="trainer"),
+        "required container for the ancestor: trainer",
+    ),
+    "two ML policies": (
+        lambda o: _by_kind(o, "TrainingRuntime")["spec"]["mlPolicy"].update(mpi={}),
+        "Only one of the policy",
+    ),
+    "failurePolicy maxRestarts as a string": (
+        lambda o: _by_kind(o, "TrainingRuntime")["spec"]["template"]["spec"]["failurePolicy"].update(
+            maxRestarts="3"
+        ),
+        "'3' is not of type",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", TRAINJOB_MUTATIONS, ids=list(TRAINJOB_MUTATIONS))
+def test_checker_rejects_broken_trainjob_objects(trainjob_objects, mutation):
+    mutate, expected = TRAINJOB_MUTATIONS[mutation]
+    objects = copy.deepcopy(trainjob_objects)
+    mutate(objects)
+    errors = objects_errors(objects)
+    assert any(expected in error for error in errors), errors
+
+
+RUNTIME_PATCH_MUTATIONS = {
+    "patch of a replicated job the runtime lacks": (
+        lambda p: p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0].update(name="launcher"),
+        "replicated job that doesn't exist",
+    ),
+    "patch of a container the runtime lacks": (
+        lambda p: _patch_pod(p)["containers"][0].update(name="pytorch"),
+        "container that doesn't exist",
+    ),
+    "env in the node container patch": (
+        lambda p: _patch_pod(p)["containers"][0].update(env=[{"name": "A", "value": "1"}]),
+        "must not have envs",
+    ),
+    "manager without a domain": (lambda p: p.update(manager="orch"), "domain-prefixed"),
+    "resources in a container patch": (
+        lambda p: _patch_pod(p)["containers"][0].update(resources={}),
+        "resources",
+    ),
+    "priorityClassName in a pod patch": (
+        lambda p: _patch_pod(p).update(priorityClassName="x"),
+        "priorityClassName",
+    ),
+}
+
+
+def _patch_pod(patch):
+    rjob = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    return rjob["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("mutation", RUNTIME_PATCH_MUTATIONS, ids=list(RUNTIME_PATCH_MUTATIONS))
+def test_checker_rejects_broken_runtime_patches(mutation):
+    spec = loading.load_job(
+        EXAMPLES[0].parent / "digits.yaml", ["runtime=torch-distributed", "metrics.enabled=false"]
+    )
+    objects = render.render(spec, api="trainjob")
+    assert objects_errors(objects) == []
+    mutate, expected = RUNTIME_PATCH_MUTATIONS[mutation]
+    mutate(_by_kind(objects, "TrainJob")["spec"]["runtimePatches"][0])
+    errors = objects_errors(objects)
+    assert any(expected in error for error in errors), errors
