@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -55,7 +56,7 @@ def run(
         click.echo(format_summary(summary))
 
 
-def format_summary(summary: dict) -> str:
+def format_summary(summary: dict[str, Any]) -> str:
     """The run's result on one line: eval metrics first (the number people look for)."""
     evaluation = summary.get("eval") or {}
     ordered = sorted(evaluation.items(), key=lambda item: item[0] == "loss")  # the task's metrics, then loss

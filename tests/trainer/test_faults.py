@@ -201,7 +201,8 @@ def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, referenc
     assert twice.summary["final_loss"] == pytest.approx(reference.summary["final_loss"], rel=1e-6)
 
 
-def test_ctrl_c_stops_every_rank(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_every_rank(tmp_path, sig):
     out = tmp_path / "out"
     spec = job("interrupt", max_steps=100000, task_args={"samples": 256, "sample_delay": 0.002})
     process = subprocess.Popen(
@@ -213,8 +214,9 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     )
     wait_for(lambda: len(worker_pids(out)) == 2, what="both ranks")
     pids = worker_pids(out)
-    time.sleep(1)  # into the loop
-    process.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launcher
+    progress = out / "progress.jsonl"
+    wait_for(lambda: progress.exists() and progress.stat().st_size > 0, what="the first steps")  # in the loop
+    process.send_signal(sig)  # SIGINT: what Ctrl-C sends to the launcher
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     # One line: no traceback per rank, no launcher messages (they are in logs/launcher.log).
