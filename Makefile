@@ -27,10 +27,11 @@ test: install
 lint: install
 	$(BIN)/ruff check orchestrator tests benchmarks
 	$(BIN)/ruff format --check orchestrator tests benchmarks
+	$(BIN)/mypy  # [tool.mypy] in pyproject.toml says what and how strictly
 
 bench: install
 	$(BIN)/pip install --quiet -e '.[bench]'  # Accelerate, the third loop of the comparison
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache runs
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache runs

@@ -118,9 +118,10 @@ def probe_nvml(nvml: Any = None) -> GpuFacts:
     """GPU facts from NVML (`nvidia-ml-py`). `nvml` is the pynvml module; tests pass a stand-in."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return GpuFacts(error="nvidia-ml-py is not installed")
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as error:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without a GPU

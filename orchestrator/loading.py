@@ -7,7 +7,7 @@ then mapped back to the nearest node. Reads the job file; writes nothing.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,7 @@ def _unwrap_model(annotation: Any) -> Any:
     return None
 
 
-def _message(error: dict[str, Any], path: FieldPath) -> str:
+def _message(error: Mapping[str, Any], path: FieldPath) -> str:
     kind, message = error["type"], error["msg"]
     if kind == "extra_forbidden":
         model = _model_at(path)

@@ -608,7 +608,7 @@ def shm_size(spec: JobSpec) -> str:
 
 
 def _volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
-    mounts = [{"name": VOLUME_SHM, "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": VOLUME_SHM, "mountPath": "/dev/shm"}]
     if spec.train is not None:
         mounts.append({"name": VOLUME_CONFIG, "mountPath": naming.CONFIG_DIR, "readOnly": True})
     output = {"name": VOLUME_OUTPUT, "mountPath": naming.OUTPUT_DIR}
@@ -616,7 +616,7 @@ def _volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
         output["subPath"] = spec.output.sub_path or spec.name
     mounts.append(output)
     for volume in spec.volumes:
-        mount = {"name": volume.name, "mountPath": volume.mount}
+        mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount}
         if volume.read_only:
             mount["readOnly"] = True
         mounts.append(mount)

@@ -171,7 +171,7 @@ class Cluster:
             raw = self._call("list", resource, None, self.core.list_namespaced_pod, self.namespace, **options)
         elif resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
-            fn = self.core.list_namespaced_event
+            fn: Callable[..., Any] = self.core.list_namespaced_event
             raw = self._call("list", resource, None, fn, self.namespace, field_selector="type=Warning")
         elif all_namespaces:
             fn = self.custom.list_cluster_custom_object
@@ -291,7 +291,8 @@ def _retryable(status_code: int | None) -> bool:
 
 def _retry_after(e: Any) -> float | None:
     try:
-        return float((e.headers or {}).get("Retry-After"))
+        headers: Any = e.headers or {}
+        return float(headers.get("Retry-After"))
     except (TypeError, ValueError):
         return None
 

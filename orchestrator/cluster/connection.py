@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import cast
 
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster
 from orchestrator.cluster.errors import KubeconfigError
@@ -102,7 +103,7 @@ def _context_namespace(path: str, context: str | None) -> tuple[str | None, str]
         raise KubeconfigError(
             f"{which} not in kubeconfig {path} (contexts: {available}); pick one with --context"
         )
-    return (by_name[name].get("context") or {}).get("namespace"), name
+    return (by_name[name].get("context") or {}).get("namespace"), cast(str, name)  # a key of by_name
 
 
 def _read_file(path: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -174,7 +174,8 @@ def submit(
     spec = load_job(job_file, overrides, require_image=True)
     objects = render.render(spec)  # everything is checked before anything is built or sent
     if build:
-        spec = spec.model_copy(update={"image": _build_image(spec.image, build_context, build_args, build_tool,
+        image = cast(str, spec.image)  # load_job(require_image=True) made sure there is one
+        spec = spec.model_copy(update={"image": _build_image(image, build_context, build_args, build_tool,
                                                              dry_run=dry_run == "client")})  # fmt: skip
         objects = render.render(spec)
     if dry_run == "client":

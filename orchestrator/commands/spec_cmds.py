@@ -74,7 +74,7 @@ def init(job_file: str, name: str, image: str, force: bool) -> None:
     text = STARTER.format(name=name, image=image, file=job_file)
     # Validate before writing: a bad --name or --image is reported (against the flag) and nothing is written.
     data, positions = loading.parse_yaml(text, job_file)
-    origins = {("name",): f"--name {name}", ("image",): f"--image {image}"}
+    origins: dict[loading.FieldPath, str] = {("name",): f"--name {name}", ("image",): f"--image {image}"}
     loading.validate(data, file=job_file, positions=positions, origins=origins)
     path.write_text(text, encoding="utf-8")
     click.echo(f"wrote {job_file}; next: orch validate {job_file}", err=True)
@@ -113,7 +113,7 @@ def summary(spec: JobSpec) -> list[str]:
             f"x accumulation {accumulation}, {train.precision}, {length}"
         )
     else:
-        lines.append(f"command: {shlex.join(spec.command)}")
+        lines.append(f"command: {shlex.join(spec.command or [])}")  # the spec requires train or command
     if spec.elastic is not None:
         lines.append(f"elastic: {spec.elastic.min_nodes}..{spec.elastic.max_nodes} nodes")
     lines.append(f"image: {spec.image or '(none: set image to render or submit)'}")

@@ -16,7 +16,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -68,7 +68,8 @@ def load_newest(directory: Path) -> tuple[dict[str, Any], Path] | tuple[None, No
 def rng_state() -> dict[str, Any]:
     """This process's random states as plain Python values (bytes, ints, lists): they travel through
     all_gather_object and load with weights_only=True."""
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    legacy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    kind, keys, position, has_gauss, cached = legacy_state
     state: dict[str, Any] = {
         "torch": torch.get_rng_state().numpy().tobytes(),
         "python": random.getstate(),

@@ -15,6 +15,7 @@ no GPU series; nothing fails.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -160,9 +161,7 @@ class NvmlReader:
             count = self._try(
                 device,
                 f"ecc_{kind}",
-                lambda error_type=error_type: nvml.nvmlDeviceGetTotalEccErrors(
-                    h, error_type, nvml.NVML_VOLATILE_ECC
-                ),
+                functools.partial(nvml.nvmlDeviceGetTotalEccErrors, h, error_type, nvml.NVML_VOLATILE_ECC),
             )
             if count is not None:
                 reading.ecc_errors[kind] = float(count)

@@ -15,8 +15,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.spec import TrainSpec
 
@@ -95,7 +96,9 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
     task = build_task(cfg.task, cfg.task_args)
     module = task.model.to(world.device)
     micro = cfg.micro_batch(world.world_size)
-    layout = data.Layout(len(task.train_dataset), cfg.batch_size, micro, world.world_size, cfg.seed)
+    layout = data.Layout(
+        len(cast(Sized, task.train_dataset)), cfg.batch_size, micro, world.world_size, cfg.seed
+    )
     max_steps = cfg.max_steps or (cfg.epochs or 1) * layout.steps_per_epoch
     compiled = torch.compile(module) if cfg.compile else module  # compile first, then wrap (nanoGPT)
     model = DistributedDataParallel(
@@ -115,7 +118,8 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
     meter.set_restart_count(world.restart_count)
 
     # --- resume -----------------------------------------------------------------------------------
-    step, counters = 0, {"skipped_steps": 0, "last_loss": None}
+    step = 0
+    counters: dict[str, Any] = {"skipped_steps": 0, "last_loss": None}
     state, state_path = checkpoints.load()
     if state is not None:
         module.load_state_dict(state["model"])

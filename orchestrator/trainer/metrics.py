@@ -24,6 +24,12 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from orchestrator.trainer.gpu import GpuCollector
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +238,8 @@ class PrometheusMetrics(NullMetrics):
         self._memory_every = gpu_sample_seconds
         self._next_memory_read = 0.0
         self._retries_seen = self._ooms_seen = 0
-        self._server = self._gpu = None
+        self._server: WSGIServer | None = None
+        self._gpu: GpuCollector | None = None
         hostname = socket.gethostname()
 
         names = ("job", "rank", "local_rank", "node_rank")

@@ -32,4 +32,4 @@ def set_tf32(enabled: bool) -> None:
     if torch.cuda.is_available():
         mode = "tf32" if enabled else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]  # not in torch's stubs

@@ -67,7 +67,7 @@ def train_step(
     if grad_clip:
         norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
     else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
     # The one host sync of the step: whether the update may happen. The norm is of the all-reduced
     # gradient, so every rank takes the same decision.
     grad_norm = norm.item()

@@ -23,8 +23,8 @@ PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running",
 class PyTorchJobAPI:
     key = "pytorchjob"
     resource = RESOURCE
-    owned = (CONFIGMAP, PODMONITOR)
-    before = ()
+    owned: tuple[Resource, ...] = (CONFIGMAP, PODMONITOR)
+    before: tuple[Resource, ...] = ()
     restarts_whole_job = False
     container = naming.CONTAINER_NAME  # the operator requires this name
     operator = "Kubeflow training operator"

@@ -7,7 +7,9 @@ nanoGPT's names: n_layer, n_head, n_embd, seq_len (block_size), vocab_size.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -101,6 +103,8 @@ def file_datasets(path: str, length: int) -> tuple[Dataset, Dataset]:
     """nanoGPT's prepared data (a directory with train.bin and val.bin, uint16 GPT-2 tokens), or the bytes
     of any file (vocabulary 256, the last tenth held out)."""
     source = Path(path)
+    train: np.ndarray
+    val: np.ndarray
     if source.is_dir():
         train, val = (
             np.memmap(source / name, dtype=np.uint16, mode="r") for name in ("train.bin", "val.bin")
@@ -152,7 +156,7 @@ def make(
     return Task(
         model=model,
         train_dataset=train,
-        eval_dataset=held_out if len(held_out) else None,
+        eval_dataset=held_out if len(cast(Sized, held_out)) else None,
         loss_fn=lm_loss,
         eval_metrics=next_token_accuracy,
         flops_per_sample=train_flops_per_token(model, n_layer, n_embd, seq_len) * seq_len,
