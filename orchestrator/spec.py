@@ -512,8 +512,8 @@ class JobSpec(Model):
                 raise FieldError(
                     f"scheduling.{field}", f"needs scheduling.queue (Kueue applies {field} to queued jobs)"
                 )
-        if problem := api_problem(self, self.api):
-            raise FieldError(*problem)
+        if api_error := api_problem(self, self.api):
+            raise FieldError(*api_error)
         return self
 
     @property

@@ -48,10 +48,10 @@ ORCH_PHASE = {"Complete": "Succeeded"}
 class TrainJobAPI:
     key = "trainjob"
     resource = RESOURCE
-    owned = (CONFIGMAP, TRAINING_RUNTIME, PODMONITOR)
+    owned: tuple[Resource, ...] = (CONFIGMAP, TRAINING_RUNTIME, PODMONITOR)
     # The trainer's webhook rejects a TrainJob whose TrainingRuntime does not exist yet (core/trainingruntime.go
     # ValidateObjects: "specified trainingRuntime must be created before the TrainJob is created").
-    before = (TRAINING_RUNTIME,)
+    before: tuple[Resource, ...] = (TRAINING_RUNTIME,)
     restarts_whole_job = True
     container = TRAINER_NODE
     operator = "Kubeflow Trainer v2"
