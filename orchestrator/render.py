@@ -124,9 +124,10 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     if chosen == "pytorchjob":
         job = _render_template(TEMPLATES["pytorchjob"], context)
         if spec.pod_overrides:
+            overrides = portable_overrides(spec.pod_overrides, naming.CONTAINER_NAME)
             for replica in job["spec"]["pytorchReplicaSpecs"].values():
                 pod = replica["template"]
-                pod["spec"] = merge_overrides(pod["spec"], spec.pod_overrides)
+                pod["spec"] = merge_overrides(pod["spec"], overrides)
         objects.append(job)
     else:
         context.update(_trainjob_context(spec, context))
@@ -351,7 +352,7 @@ def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
     if context["scheduler_name"]:
         pod["schedulerName"] = context["scheduler_name"]
     if spec.pod_overrides:
-        pod = merge_overrides(pod, spec.pod_overrides)
+        pod = merge_overrides(pod, portable_overrides(spec.pod_overrides, naming.TRAINJOB_CONTAINER_NAME))
     pod_metadata: dict[str, Any] = {"labels": context["pod_labels"]}
     if context["pod_annotations"]:
         pod_metadata["annotations"] = context["pod_annotations"]
@@ -450,7 +451,7 @@ def _runtime_patch(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         "volumes": context["volumes"],
     }
     if spec.pod_overrides:
-        pod = merge_overrides(pod, spec.pod_overrides)
+        pod = merge_overrides(pod, portable_overrides(spec.pod_overrides, naming.TRAINJOB_CONTAINER_NAME))
     pod_metadata: dict[str, Any] = {"labels": context["pod_labels"]}
     if context["pod_annotations"]:
         pod_metadata["annotations"] = context["pod_annotations"]
@@ -650,6 +651,22 @@ def _volume_source(volume: Any) -> dict[str, Any]:
         return {"secret": {"secretName": volume.secret}}
     size = volume.empty_dir
     return {"emptyDir": {"sizeLimit": size} if isinstance(size, str) else {}}
+
+
+MAIN_CONTAINER_NAMES = (naming.CONTAINER_NAME, naming.TRAINJOB_CONTAINER_NAME)
+
+
+def portable_overrides(overrides: dict[str, Any], main: str) -> dict[str, Any]:
+    """pod_overrides for one API: a container named `pytorch` (PyTorchJob's) or `node` (TrainJob's) is orch's
+    main container on either API, so one job file's overrides patch the trainer under both."""
+    containers = overrides.get("containers")
+    if not isinstance(containers, list):
+        return overrides
+    renamed = [
+        {**c, "name": main} if isinstance(c, dict) and c.get("name") in MAIN_CONTAINER_NAMES else c
+        for c in containers
+    ]
+    return {**overrides, "containers": renamed}
 
 
 def merge_overrides(base: Any, overrides: Any) -> Any:

@@ -1,0 +1,352 @@
+"""What the TrainJob rendering decides, and what the queue/gang/recovery settings render on both APIs, one
+behaviour per test (the goldens in test_golden pin whole objects; these say why). docs/cluster.md, "Queues,
+gangs and recovery", cites these tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import naming, render
+from orchestrator.errors import SpecError
+from tests.spec.conftest import load
+from tests.spec.manifest_checks import objects_errors
+from tests.spec.test_spec_cmds import orch
+
+BASE = "name: demo\nimage: example.com/trainer:1\ntrain: {task: digits, batch_size: 64}\n"
+MULTI = BASE + "nodes: 4\ngpus_per_node: 8\n"
+
+
+def objects(tmp_path, text=BASE, *overrides, api="trainjob"):
+    return {o["kind"]: o for o in render.render(load(text, tmp_path, *overrides), api=api)}
+
+
+def runtime_job(found):
+    (rjob,) = found["TrainingRuntime"]["spec"]["template"]["spec"]["replicatedJobs"]
+    return rjob
+
+
+def runtime_pod(found):
+    return runtime_job(found)["template"]["spec"]["template"]
+
+
+# --- TrainJob carries what the PyTorchJob carries ----------------------------------------------------------
+
+
+def test_trainjob_carries_every_per_pod_setting(tmp_path):
+    text = MULTI + (
+        "resources: {cpu: '16', memory: 64Gi, shm: 12Gi}\n"
+        "env: {NCCL_DEBUG: INFO}\n"
+        "secret_env: {HF_TOKEN: {secret: hf, key: token}}\n"
+        "volumes: [{name: data, mount: /data, pvc: ds, read_only: true}]\n"
+        "node_selector: {gpu: h100}\n"
+        "tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n"
+        "affinity: {nodeAffinity: {}}\n"
+        "service_account: trainer\n"
+        "image_pull_secrets: [regcred]\n"
+        "scheduling: {priority_class: high}\n"
+        "labels: {team: nlp}\n"
+        "annotations: {example.com/owner: me}\n"
+        "deadline: 2h\n"
+        "metrics: {port: 9100}\n"
+        "pod_overrides: {hostIPC: true, containers: [{name: node, imagePullPolicy: Always}]}\n"
+    )
+    found = objects(tmp_path, text)
+    pyjob = objects(tmp_path, text, api="pytorchjob")["PyTorchJob"]
+    v1_pod = pyjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    (v1_container,) = v1_pod["spec"]["containers"]
+    job = found["TrainJob"]
+    trainer = job["spec"]["trainer"]
+    assert trainer["image"] == "example.com/trainer:1"
+    assert trainer["command"] == v1_container["command"]  # the same torchrun line under both APIs
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 8)
+    assert trainer["resourcesPerNode"] == v1_container["resources"]
+    assert trainer["env"] == v1_container["env"]  # incl. HF_TOKEN as a secretKeyRef
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in trainer[
+        "env"
+    ]
+    assert job["spec"]["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["runtimeRef"] == {
+        "name": "demo",
+        "apiGroup": naming.TRAINER_API_GROUP,
+        "kind": "TrainingRuntime",
+    }
+    pod = runtime_pod(found)
+    assert pod["metadata"] == v1_pod["metadata"]  # labels and annotations
+    for key in ("securityContext", "serviceAccountName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
+                "priorityClassName", "volumes", "hostIPC"):  # fmt: skip
+        assert pod["spec"][key] == v1_pod["spec"][key], key
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "node" and container["imagePullPolicy"] == "Always"
+    assert container["volumeMounts"] == v1_container["volumeMounts"]  # /dev/shm 12Gi, /etc/orch, output, data
+    assert container["securityContext"] == v1_container["securityContext"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    selector = found["PodMonitor"]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert objects_errors(list(found.values())) == []
+
+
+def test_the_runtime_has_the_torch_distributed_shape_and_is_named_like_the_job(tmp_path):
+    found = objects(tmp_path, MULTI)
+    runtime = found["TrainingRuntime"]
+    assert runtime["metadata"]["name"] == found["TrainJob"]["metadata"]["name"] == "demo"
+    assert runtime["metadata"]["labels"][naming.LABEL_JOB] == "demo"  # `orch delete` finds it with the job
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 4, "torch": {}}
+    rjob = runtime_job(found)
+    assert rjob["name"] == "node" and rjob["replicas"] == 1
+    assert rjob["template"]["metadata"]["labels"] == {naming.LABEL_TRAINJOB_ANCESTOR: "trainer"}
+
+
+def test_render_auto_is_a_pytorchjob_and_api_picks_the_kind(tmp_path):
+    assert "PyTorchJob" in objects(tmp_path, BASE, api=None)
+    assert "PyTorchJob" in objects(tmp_path, BASE + "api: pytorchjob\n", api=None)
+    assert {"TrainingRuntime", "TrainJob"} <= set(objects(tmp_path, BASE + "api: trainjob\n", api=None))
+    assert "PyTorchJob" in objects(tmp_path, BASE + "api: trainjob\n", api="pytorchjob")
+
+
+def test_orch_render_api_flag(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(BASE)
+    result = orch("render", str(job), "--api", "trainjob")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("kind:")] == [
+        "kind: ConfigMap",
+        "kind: TrainingRuntime",
+        "kind: TrainJob",
+        "kind: PodMonitor",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "line"),
+    [
+        ("nodes: 2\nelastic: {min_nodes: 1, max_nodes: 2}\n", "elastic", 5),
+        ("ttl_after_finished: 1d\n", "ttl_after_finished", 4),
+        ("env: {PET_NNODES: '2'}\n", "env", 4),
+        (
+            "runtime: torch-distributed\nmetrics: {enabled: false}\nscheduling: {scheduler: volcano}\n",
+            "scheduling.scheduler",
+            6,
+        ),
+        ("runtime: torch-distributed\n", "metrics.enabled", 1),
+        (
+            "runtime: torch-distributed\nmetrics: {enabled: false}\npod_overrides: {hostIPC: true}\n",
+            "pod_overrides.hostIPC",
+            6,
+        ),
+        ("runtime: torch-distributed\nrestart: {policy: never}\n", "restart", 5),
+    ],
+)
+def test_what_a_trainjob_cannot_carry_is_one_line_naming_the_field(tmp_path, extra, field, line):
+    job = tmp_path / "job.yaml"
+    job.write_text(BASE + extra)
+    result = orch("render", str(job), "--api", "trainjob")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {job}:{line}:") and f": {field}: " in result.stderr, (
+        result.stderr
+    )
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_library_render_refuses_an_api_the_spec_cannot_use(tmp_path):
+    spec = load(BASE + "nodes: 2\nelastic: {min_nodes: 1, max_nodes: 2}\n", tmp_path)
+    with pytest.raises(SpecError, match=r"^elastic: TrainJob"):
+        render.render(spec, api="trainjob")
+    with pytest.raises(SpecError, match="api"):
+        render.render(spec, api="mpijob")
+    with pytest.raises(SpecError, match=r"^runtime: .*api: trainjob"):
+        render.render(load(BASE + "runtime: x\nmetrics: {enabled: false}\n", tmp_path), api="pytorchjob")
+
+
+def test_runtime_name_references_the_cluster_runtime_and_patches_the_pods(tmp_path):
+    text = MULTI + (
+        "runtime: torch-distributed\nmetrics: {enabled: false}\n"
+        "volumes: [{name: data, mount: /data, pvc: ds}]\nnode_selector: {gpu: h100}\n"
+        "scheduling: {queue: team-a}\n"
+    )
+    found = objects(tmp_path, text)
+    assert "TrainingRuntime" not in found
+    job = found["TrainJob"]
+    assert job["spec"]["runtimeRef"] == {
+        "name": "torch-distributed",
+        "apiGroup": naming.TRAINER_API_GROUP,
+        "kind": "ClusterTrainingRuntime",
+    }
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["manager"] == naming.RUNTIME_PATCH_MANAGER
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = rjob["template"]["spec"]["template"]
+    assert pod["metadata"]["labels"][naming.LABEL_JOB] == "demo"
+    assert pod["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"orch-shm", "orch-config", "orch-output", "data"}
+    (container,) = pod["spec"]["containers"]
+    assert set(container) == {"name", "securityContext", "volumeMounts"}  # env etc. travel in spec.trainer
+    assert job["metadata"]["labels"][naming.LABEL_KUEUE_QUEUE] == "team-a"
+    assert objects_errors(list(found.values())) == []
+
+
+# --- Queues, gangs and recovery, on both APIs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_kueue_queue_labels_the_job_and_creates_it_suspended(tmp_path, api):
+    """Kueue admits the job's Workload (all pods) at once and then unsuspends it: nothing starts before."""
+    found = objects(tmp_path, MULTI + "scheduling: {queue: team-a, priority: research}\n", api=api)
+    job = found["PyTorchJob" if api == "pytorchjob" else "TrainJob"]
+    assert job["metadata"]["labels"][naming.LABEL_KUEUE_QUEUE] == "team-a"
+    assert job["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] == "research"
+    suspend = job["spec"]["runPolicy"]["suspend"] if api == "pytorchjob" else job["spec"]["suspend"]
+    assert suspend is True
+
+
+def test_priority_and_topology_need_a_queue(tmp_path):
+    with pytest.raises(SpecError, match=r"scheduling.priority: needs scheduling.queue"):
+        load(BASE + "scheduling: {priority: research}\n", tmp_path)
+    with pytest.raises(SpecError, match=r"scheduling.topology: needs scheduling.queue"):
+        load(BASE + "scheduling: {topology: {required: rack}}\n", tmp_path)
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_volcano_gang_uses_volcanos_queue_and_all_pods(tmp_path, api):
+    found = objects(
+        tmp_path, MULTI + "scheduling: {scheduler: volcano, queue: research, priority_class: high}\n", api=api
+    )
+    if api == "pytorchjob":
+        job = found["PyTorchJob"]
+        assert job["spec"]["runPolicy"]["schedulingPolicy"] == {
+            "minAvailable": 4,
+            "queue": "research",
+            "priorityClass": "high",
+        }
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    else:
+        job, runtime = found["TrainJob"], found["TrainingRuntime"]
+        assert runtime["spec"]["podGroupPolicy"] == {
+            "volcano": {}
+        }  # the trainer makes a PodGroup of numNodes
+        assert runtime["spec"]["template"]["metadata"]["annotations"] == {
+            naming.ANNOTATION_VOLCANO_QUEUE: "research"
+        }
+        pod = runtime_pod(found)["spec"]
+    assert pod["schedulerName"] == "volcano" and pod["priorityClassName"] == "high"
+    assert naming.LABEL_KUEUE_QUEUE not in job["metadata"]["labels"]  # the queue is Volcano's, not Kueue's
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_coscheduler_gang(tmp_path, api):
+    found = objects(tmp_path, MULTI + "scheduling: {scheduler: scheduler-plugins-scheduler}\n", api=api)
+    if api == "pytorchjob":
+        assert found["PyTorchJob"]["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 4}
+    else:
+        assert found["TrainingRuntime"]["spec"]["podGroupPolicy"] == {"coscheduling": {}}
+        assert runtime_pod(found)["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_gang_is_off_for_one_pod_and_when_asked(tmp_path, api):
+    one = objects(tmp_path, BASE + "scheduling: {scheduler: volcano}\n", api=api)
+    off = objects(tmp_path, MULTI + "scheduling: {scheduler: volcano, gang: false}\n", api=api)
+    for found in (one, off):
+        if api == "pytorchjob":
+            assert "schedulingPolicy" not in found["PyTorchJob"]["spec"]["runPolicy"]
+        else:
+            assert "podGroupPolicy" not in found["TrainingRuntime"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("api", "policy"), [("pytorchjob", "on-failure"), ("pytorchjob", "job"), ("trainjob", "job")]
+)
+def test_topology_annotations_on_every_pod_template(tmp_path, api, policy):
+    text = MULTI + f"scheduling: {{queue: q, topology: {{required: rack}}}}\nrestart: {{policy: {policy}}}\n"
+    found = objects(tmp_path, text, api=api)
+    if api == "pytorchjob":
+        templates = [r["template"] for r in found["PyTorchJob"]["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        templates = [runtime_pod(found)]
+    for template in templates:
+        annotations = template["metadata"]["annotations"]
+        assert annotations[naming.ANNOTATION_KUEUE_REQUIRED_TOPOLOGY] == "rack"
+        # Master and Workers are two PodSets: one group keeps them in one domain.
+        assert (naming.ANNOTATION_KUEUE_PODSET_GROUP in annotations) == (len(templates) == 2)
+    preferred = objects(tmp_path, MULTI + "scheduling: {queue: q, topology: {preferred: rack}}\n", api=api)
+    pod = (
+        runtime_pod(preferred)
+        if api == "trainjob"
+        else preferred["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    )
+    assert pod["metadata"]["annotations"] == {naming.ANNOTATION_KUEUE_PREFERRED_TOPOLOGY: "rack"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "pod_restart", "job_fields", "failure_policy"),
+    [
+        ("job", "Never", {"backoffLimit": 0}, {"maxRestarts": 5}),
+        ("on-failure", "OnFailure", {"backoffLimit": 7}, None),
+        ("never", "Never", {"backoffLimit": 0}, None),
+    ],
+)
+def test_trainjob_restart_policy(tmp_path, policy, pod_restart, job_fields, failure_policy):
+    """job: a failed pod fails its Job (Never, backoffLimit 0), and JobSet's failurePolicy recreates every
+    Job: all pods restart together, at most max_restarts times."""
+    found = objects(tmp_path, MULTI + f"restart: {{policy: {policy}, max_restarts: 5, backoff_limit: 7}}\n")
+    rjob = runtime_job(found)["template"]["spec"]
+    assert rjob["template"]["spec"]["restartPolicy"] == pod_restart
+    assert {k: v for k, v in rjob.items() if k != "template"} == job_fields
+    assert found["TrainingRuntime"]["spec"]["template"]["spec"].get("failurePolicy") == failure_policy
+
+
+def test_trainjob_exit_code_policy_fails_at_once_on_program_errors(tmp_path):
+    found = objects(tmp_path, MULTI + "restart: {policy: exit-code, backoff_limit: 4}\n")
+    rjob = runtime_job(found)["template"]["spec"]
+    assert rjob["backoffLimit"] == 4 and rjob["template"]["spec"]["restartPolicy"] == "Never"
+    (rule,) = rjob["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == list(range(1, 128))
+    assert objects_errors(list(found.values())) == []
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_output_on_a_pvc_mounts_the_claim_at_the_output_dir(tmp_path, api):
+    found = objects(tmp_path, BASE + "output: {pvc: ckpt}\n", api=api)
+    pod = (
+        runtime_pod(found)["spec"]
+        if api == "trainjob"
+        else found["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    )
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == naming.OUTPUT_DIR)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert (
+        mount["subPath"] == "demo"
+    )  # jobs sharing a claim keep apart; a resubmitted job finds its checkpoints
+
+
+# --- what `orch submit` warns about ------------------------------------------------------------------------
+
+PARTIAL = "nothing prevents partial scheduling"
+LOST = "restarted job starts from step 0"
+
+
+@pytest.mark.parametrize(
+    ("extra", "api", "expected"),
+    [
+        ("", "pytorchjob", [PARTIAL]),  # 4 pods, default scheduler, no queue; job policy restarts in place
+        ("", "trainjob", [PARTIAL, LOST]),  # ... and the JobSet restart makes new pods
+        ("scheduling: {queue: q}\n", "trainjob", [LOST]),
+        ("scheduling: {scheduler: volcano}\noutput: {pvc: c}\n", "trainjob", []),
+        ("scheduling: {scheduler: scheduler-plugins-scheduler}\n", "pytorchjob", []),
+        ("scheduling: {gang: false}\nrestart: {policy: on-failure}\n", "trainjob", []),
+        ("scheduling: {queue: q}\nrestart: {policy: exit-code}\n", "pytorchjob", [LOST]),
+        ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n", "trainjob", [LOST]),
+        ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n"
+         "train: {task: digits, batch_size: 64, checkpoint: {dir: /ckpt/demo}}\n", "trainjob", []),
+    ],
+)  # fmt: skip
+def test_submit_warnings(tmp_path, extra, api, expected):
+    text = "name: demo\nimage: i:1\nnodes: 4\ngpus_per_node: 8\n" + extra
+    if "train:" not in extra:
+        text += "train: {task: digits, batch_size: 64}\n"
+    found = render.warnings(load(text, tmp_path), api)
+    assert len(found) == len(expected) and all(e in w for e, w in zip(expected, found, strict=True)), found
+
+
+def test_one_pod_jobs_get_no_partial_scheduling_warning(tmp_path):
+    assert render.warnings(load(BASE, tmp_path), "trainjob") == []
