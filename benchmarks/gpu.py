@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _peak_flops(device_name: str | None) -> float | None:
-    from orchestrator.trainer.metrics import resolve_peak_flops  # stdlib-only at import
+    from orchestrator.runtime_env import RuntimeEnv
+    from orchestrator.trainer.metrics import peak_flops  # stdlib-only at import
 
-    return resolve_peak_flops(override_tflops=None, device_name=device_name)
+    return peak_flops(peak_tflops=RuntimeEnv.from_environ().peak_tflops, device_name=device_name)
 
 
 if __name__ == "__main__":

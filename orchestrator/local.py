@@ -36,6 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator import runtime_env
 from orchestrator.errors import OrchError, UsageError
 
 if TYPE_CHECKING:
@@ -79,7 +80,6 @@ class LocalPlan:
         return self.train.accumulation(self.world_size) if self.train else None
 
 
-METRICS_ENV = ("ORCH_METRICS_PORT", "ORCH_METRICS_ADDR", "ORCH_GPU_SAMPLE_SECONDS", "ORCH_PEAK_TFLOPS")
 # A local run serves metrics on the loopback interface only, unless ORCH_METRICS_ADDR says otherwise.
 LOCAL_METRICS_ADDR = "127.0.0.1"
 LOCK_FILE = "run.lock"
@@ -112,13 +112,8 @@ def plan(
         raise UsageError("--steps applies to train jobs only; this job runs its own command")
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
-    env = {
-        **_metrics_env(spec),
-        **spec.env,
-        "ORCH_JOB_NAME": spec.name,
-        "ORCH_OUTPUT_DIR": str(out.resolve()),
-        "PYTHONUNBUFFERED": "1",
-    }
+    runtime = runtime_env.RuntimeEnv.for_job(spec, name=spec.name, output_dir=str(out.resolve()))
+    env = {**runtime.to_env(), **spec.env, "PYTHONUNBUFFERED": "1"}
     policy, max_restarts = restart_budget(spec)
     return LocalPlan(
         world_size=world_size,
@@ -130,7 +125,7 @@ def plan(
         restart_policy=policy,
         gpus_per_node=spec.gpus_per_node,
         unique_output_dir=not output_dir,
-        metrics_port=int(env["ORCH_METRICS_PORT"]),
+        metrics_port=runtime.metrics_port,
     )
 
 
@@ -147,19 +142,6 @@ def restart_budget(spec: JobSpec) -> tuple[str, int]:
     if spec.elastic is not None:
         return "elastic", spec.elastic.max_restarts
     return "none", 0
-
-
-def _metrics_env(spec: JobSpec) -> dict[str, str]:
-    """The exporter settings the pods get from render, for this machine's one endpoint (local rank 0 serves)."""
-    if not spec.metrics.enabled:
-        return {"ORCH_METRICS_PORT": "0"}
-    env = {
-        "ORCH_METRICS_PORT": str(spec.metrics.port),
-        "ORCH_GPU_SAMPLE_SECONDS": str(spec.metrics.gpu_sample_seconds),
-    }
-    if spec.metrics.peak_tflops:
-        env["ORCH_PEAK_TFLOPS"] = str(spec.metrics.peak_tflops)
-    return env
 
 
 def check_devices(local: LocalPlan) -> list[str]:
@@ -214,7 +196,9 @@ def claim(local: LocalPlan) -> Iterator[LocalPlan]:
             ) from None
         if directory != local.output_dir:
             local = dataclasses.replace(
-                local, output_dir=directory, env={**local.env, "ORCH_OUTPUT_DIR": str(directory.resolve())}
+                local,
+                output_dir=directory,
+                env={**local.env, runtime_env.OUTPUT_DIR: str(directory.resolve())},
             )
         yield local
     finally:
@@ -252,21 +236,22 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         old.unlink()
     env = dict(local.env)
     # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
-    env.update({name: value for name, value in os.environ.items() if name in METRICS_ENV})
+    env.update({name: value for name, value in os.environ.items() if name in runtime_env.USER_OVERRIDES})
     # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
     metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream) if local.train is not None else None
     env.update(
         ORCH_LAUNCHER_PID=str(os.getpid()),
         ORCH_LOG_DIR=str(log_dir.resolve()),
-        ORCH_LOG_LINES="1",  # the log keeps every line; the console drops the ones the progress bar shows
     )
+    # the log keeps every line; the console drops the ones the progress bar shows
+    env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:
         config_file = local.output_dir / "train.json"
-        config_file.write_text(json.dumps(local.train.model_dump(mode="json"), indent=2) + "\n")
+        config_file.write_text(runtime_env.train_json(local.train), encoding="utf-8")
         entrypoint, args = sys.executable, ["-m", TRAINER_MODULE, "--config", str(config_file.resolve())]
         progress_file = local.output_dir / "progress.jsonl"
         progress_file.unlink(missing_ok=True)
-        env["ORCH_PROGRESS_FILE"] = str(progress_file.resolve())
+        env[runtime_env.PROGRESS_FILE] = str(progress_file.resolve())
     else:
         assert local.command is not None
         entrypoint, args, progress_file, progress_bar = local.command[0], local.command[1:], None, False
@@ -400,12 +385,12 @@ def _RunLogs(log_dir: Path) -> Any:  # noqa: N802 (a class made on first use)
 
 def _choose_metrics_endpoint(env: dict[str, str], output_dir: Path, stream: TextIO) -> str | None:
     """Loopback unless ORCH_METRICS_ADDR says otherwise; the job's port, or a free one when it is taken."""
-    port = int(env.get("ORCH_METRICS_PORT") or 0)
+    port = runtime_env.RuntimeEnv.from_environ(env).metrics_port
     if port <= 0:
         return None
-    addr = env.setdefault("ORCH_METRICS_ADDR", LOCAL_METRICS_ADDR)
+    addr = env.setdefault(runtime_env.METRICS_ADDR, LOCAL_METRICS_ADDR)
     chosen = _free_port(addr, port)
-    env["ORCH_METRICS_PORT"] = str(chosen)
+    env[runtime_env.METRICS_PORT] = str(chosen)
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # the ranks' series files, inside the run
         env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / METRICS_DB_DIR).resolve())
     host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
@@ -440,7 +425,7 @@ def runs_index() -> Path:
 
 def _register(local: LocalPlan, metrics_url: str | None) -> Path:
     record = {
-        "job": local.env["ORCH_JOB_NAME"],
+        "job": local.env[runtime_env.JOB_NAME],
         "pid": os.getpid(),
         "started": time.time(),
         "output_dir": str(local.output_dir.resolve()),

@@ -54,6 +54,10 @@ TRAINJOB_CONTAINER_NAME = "node"  # the container that gets image, command, env 
 TRAINJOB_MASTER_PORT = 29500  # PET_MASTER_PORT the torch plugin sets (and adds as a container port)
 RUNTIME_PATCH_MANAGER = "orch.dev/render"  # runtimePatches[].manager of orch's patch
 
+# --- GPUs: the device plugin's resource and GPU feature discovery's node label (read-only for orch).
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
+
 # --- Containers, ports, paths inside the pods.
 CONTAINER_NAME = "pytorch"  # the operator requires it; logs and exit codes are read from it
 RDZV_PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT / the rendezvous port from this port

@@ -29,7 +29,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
+from orchestrator import naming, runtime_env
 from orchestrator.errors import SpecError
 
 if TYPE_CHECKING:
@@ -467,9 +467,7 @@ def _runtime_patch(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
 
 def train_json(spec: JobSpec) -> str | None:
     """The ConfigMap's train.json: what `python -m orchestrator.trainer --config` reads."""
-    if spec.train is None:
-        return None
-    return json.dumps(spec.train.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    return runtime_env.train_json(spec.train) if spec.train is not None else None
 
 
 def torchrun_command(spec: JobSpec) -> list[str]:
@@ -555,14 +553,7 @@ def _toleration(toleration: Any) -> dict[str, Any]:
 
 def _env(spec: JobSpec, name: str) -> list[dict[str, Any]]:
     """orch's runtime facts first, then the user's env (which wins on a clash), then secretKeyRefs."""
-    values = {
-        "ORCH_JOB_NAME": name,
-        "ORCH_OUTPUT_DIR": naming.OUTPUT_DIR,
-        "ORCH_METRICS_PORT": str(spec.metrics.port) if spec.metrics.enabled else "0",
-        "ORCH_GPU_SAMPLE_SECONDS": str(spec.metrics.gpu_sample_seconds),
-    }
-    if spec.metrics.peak_tflops is not None:
-        values["ORCH_PEAK_TFLOPS"] = str(spec.metrics.peak_tflops)
+    values = runtime_env.RuntimeEnv.for_job(spec, name=name, output_dir=naming.OUTPUT_DIR).to_env()
     if spec.train is not None and spec.train.cuda_alloc_conf:
         values["PYTORCH_CUDA_ALLOC_CONF"] = spec.train.cuda_alloc_conf
     values.update(spec.env)
@@ -597,7 +588,7 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     if spec.resources.memory:
         requests["memory"] = limits["memory"] = spec.resources.memory
     if spec.gpus_per_node:
-        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.gpus_per_node)
+        requests[naming.GPU_RESOURCE] = limits[naming.GPU_RESOURCE] = str(spec.gpus_per_node)
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.runtime_env import DEFAULT_GPU_SAMPLE_SECONDS, DEFAULT_METRICS_PORT
+
 # --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
 
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -382,14 +384,14 @@ class Elastic(Model):
 
 class Metrics(Model):
     enabled: bool = True
-    port: Port = 9400
+    port: Port = DEFAULT_METRICS_PORT
     release: Annotated[str, AfterValidator(_check(LABEL_VALUE, "label value", 63))] | None = (
         "kube-prometheus-stack"
     )
     """`release` label on the PodMonitor: kube-prometheus-stack selects PodMonitors by its Helm release name."""
     interval: Duration = 15
     """Prometheus scrape interval, seconds (written as 15s)."""
-    gpu_sample_seconds: Annotated[float, Field(gt=0)] = 5.0
+    gpu_sample_seconds: Annotated[float, Field(gt=0)] = DEFAULT_GPU_SAMPLE_SECONDS
     peak_tflops: Annotated[float, Field(gt=0)] | None = None
     """Peak dense TFLOP/s of one GPU for MFU, when the built-in table does not know it."""
 

@@ -21,9 +21,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator import runtime_env
 from orchestrator.errors import OrchError, UsageError
-
-DEFAULT_METRICS_PORT = 9400
 
 
 class TopError(OrchError):
@@ -89,12 +88,13 @@ def prometheus_url(flag: str | None) -> str | None:
 
 
 def local_exporter_url(port: int | None, job: str | None = None) -> str:
-    if not port and not os.environ.get("ORCH_METRICS_PORT") and job:
+    env_port = runtime_env.RuntimeEnv.from_environ().metrics_port
+    if not port and not env_port and job:
         from orchestrator import local  # the live `orch run` of this job records where it serves
 
         if url := local.metrics_url_of(job):
             return url
-    port = port or int(os.environ.get("ORCH_METRICS_PORT") or 0) or DEFAULT_METRICS_PORT
+    port = port or env_port or runtime_env.DEFAULT_METRICS_PORT
     return f"http://127.0.0.1:{port}/metrics"
 
 

@@ -209,13 +209,19 @@ def cuda_devices() -> list[GpuDevice]:
     devices = []
     for index in range(torch.cuda.device_count()):
         properties = torch.cuda.get_device_properties(index)
-        uuid = str(getattr(properties, "uuid", "") or "")
+        uuid = nvml_uuid(getattr(properties, "uuid", ""))
         if not uuid:
             log.warning("GPU metrics: cuda:%d has no UUID in this torch build; left out", index)
             continue
-        prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
-        devices.append(GpuDevice(index=index, uuid=prefix + uuid, name=properties.name))
+        devices.append(GpuDevice(index=index, uuid=uuid, name=properties.name))
     return devices
+
+
+def nvml_uuid(torch_uuid: object) -> str:
+    """NVML's and dcgm-exporter's spelling of a device UUID (`GPU-…`, or `MIG-…` for a MIG instance) from
+    torch's (`get_device_properties(i).uuid` prints the hex digits without the prefix); "" when unknown."""
+    uuid = str(torch_uuid or "")
+    return uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 # --- sampling and exposition ------------------------------------------------------------------------------------

@@ -4,22 +4,29 @@
 
 Reads top to bottom: config -> process group -> task, model, optimizer, schedule, precision, metrics,
 checkpoints -> resume -> loop -> final checkpoint, evaluation, summary.json and model.pt -> close.
-The config is the `train:` section of job.yaml as JSON; runtime facts come from the environment
-(ORCH_OUTPUT_DIR, ORCH_JOB_NAME, ORCH_METRICS_PORT, ... and torchrun's RANK/WORLD_SIZE/LOCAL_RANK).
+The config is the `train:` section of job.yaml as JSON; the launcher's runtime facts come from the ORCH_*
+environment (orchestrator/runtime_env.py, read once here) and the process's place from torchrun's (dist.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import time
 from collections.abc import Sized
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from orchestrator.spec import TrainSpec
+from orchestrator import runtime_env
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrator.runtime_env import RuntimeEnv
+    from orchestrator.spec import OptimizerSpec, TrainSpec
+    from orchestrator.trainer.dist import Dist
+    from orchestrator.trainer.metrics import Meter
+    from orchestrator.trainer.report import Reporter
 
 
 class NonFiniteLoss(RuntimeError):
@@ -32,52 +39,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_config(path: str) -> TrainSpec:
-    return TrainSpec.model_validate(json.loads(Path(path).read_text()))
-
-
 def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
-    # --- config ---------------------------------------------------------------------------------------
-    cfg = load_config(parse_args(argv).config)
-    output_dir = Path(os.environ.get("ORCH_OUTPUT_DIR") or ".")
-    job_name = os.environ.get("ORCH_JOB_NAME", "local")
+    # --- config: train.json and the launcher's ORCH_* environment ------------------------------------
+    cfg = runtime_env.load_train_json(Path(parse_args(argv).config).read_text(encoding="utf-8"))
+    runtime = runtime_env.RuntimeEnv.from_environ()
     # The CUDA allocator reads this once, at its first allocation: set it before torch touches the GPU.
     if cfg.cuda_alloc_conf:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", cfg.cuda_alloc_conf)
 
     from orchestrator.trainer import dist, metrics, report
 
-    # --- process group --------------------------------------------------------------------------------
+    # --- process group, reporter, metrics -------------------------------------------------------------
     world = dist.init()
     reporter = report.Reporter(
-        enabled=world.is_main,
-        lines=os.environ.get("ORCH_LOG_LINES", "1") != "0",
-        events_file=os.environ.get("ORCH_PROGRESS_FILE"),
+        enabled=world.is_main, lines=runtime.log_lines, events_file=runtime.progress_file
     )
-    port = int(os.environ.get("ORCH_METRICS_PORT") or 0)
     meter = metrics.build_metrics(
-        enabled=port > 0,
-        job=job_name,
+        runtime,
         rank=world.rank,
         local_rank=world.local_rank,
         node_rank=world.node_rank,
-        local_world_size=world.local_world_size,
-        port=port,
         device=str(world.device),
     )
     try:
         # The training body is its own function so that the model, DDP's reducer and their references to
         # the process group are gone before it is destroyed (a gloo group freed later can abort the process).
-        train(cfg, world, reporter, meter, output_dir=output_dir, job_name=job_name, started=started)
+        train(cfg, runtime, world, reporter, meter, started=started)
     finally:
         reporter.close()
         meter.close()
         dist.close()
 
 
-def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: Path, job_name: str,
-          started: float) -> None:  # fmt: skip
+def train(
+    cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, reporter: Reporter, meter: Meter, *, started: float
+) -> None:
     """Build everything, resume, run the loop, write the results. Collective: every rank calls it."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -89,6 +86,7 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
     from orchestrator.trainer.tasks import build_task
 
     # --- task, model, optimizer, schedule, precision ----------------------------------------------
+    output_dir = Path(runtime.output_dir)
     checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
     if world.device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -118,8 +116,7 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
     meter.set_restart_count(world.restart_count)
 
     # --- resume -----------------------------------------------------------------------------------
-    step = 0
-    counters: dict[str, Any] = {"skipped_steps": 0, "last_loss": None}
+    step, counters, resumed_from = 0, None, None
     state, state_path = checkpoints.load()
     if state is not None:
         module.load_state_dict(state["model"])
@@ -127,13 +124,22 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         counters = state["counters"]
-        step = state["step"]
+        step = resumed_from = state["step"]
         checkpoints.restore_rng(state, cfg.seed)
         reporter.say(f"resumed from {state_path} at step {step}")
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
-    resumed_from = step if state is not None else None
     del state
+    samples_per_rank = micro * layout.accumulation
+    work = report.Workload(
+        samples=samples_per_rank,
+        tokens=samples_per_rank * (task.tokens_per_sample or 0),
+        flops=task.flops_per_sample * samples_per_rank if task.flops_per_sample else None,
+    )
+    progress = report.Progress(
+        step=step, max_steps=max_steps, batch_size=cfg.batch_size, work=work, device=world.device,
+        counters=counters,
+    )  # fmt: skip
 
     def snapshot() -> dict[str, Any]:
         return {
@@ -141,7 +147,7 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
-            "counters": counters,
+            "counters": progress.counters(),
         }
 
     eval_batches = (
@@ -170,12 +176,6 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
             num_workers=cfg.num_workers, pin=world.device.type == "cuda",
         )
     )  # fmt: skip
-    samples_per_rank = micro * layout.accumulation
-    tokens_per_rank = samples_per_rank * (task.tokens_per_sample or 0)
-    flops_per_rank = task.flops_per_sample * samples_per_rank if task.flops_per_sample else None
-    # The loss is summed on the device and read only on log steps (reading it is a host sync).
-    window_loss, window_updates = torch.zeros((), device=world.device), 0
-    window_steps, window_seconds, train_seconds, first_step = 0, 0.0, 0.0, step
     while step < max_steps:
         step_started = time.perf_counter()
         lr = scheduler.set_lr(step)
@@ -183,47 +183,24 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
             model, optimizer, scaler, batches, accumulation=layout.accumulation, loss_fn=task.loss_fn,
             autocast=autocast, grad_clip=cfg.grad_clip, device=world.device,
         )  # fmt: skip
-        step += 1
-        if not result.updated:
-            if not scaler.is_enabled() and cfg.nonfinite_loss == "stop":
-                raise NonFiniteLoss(
-                    f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
-                    "lower train.optimizer.lr, check the data, or set train.nonfinite_loss: skip"
-                )
-            counters["skipped_steps"] += 1
-        else:
-            window_loss += result.loss
-            window_updates += 1
-        step_seconds = time.perf_counter() - step_started
-        train_seconds += step_seconds
-        window_steps, window_seconds = window_steps + 1, window_seconds + step_seconds
-
-        log_now = step % cfg.log_every == 0 or step == max_steps
-        loss_value = None
-        if log_now:
-            loss_value = mean_over_ranks(window_loss, window_updates)
-            counters["last_loss"] = loss_value
-            rate = window_steps / window_seconds if window_seconds > 0 else 0.0  # steps per second
-            reporter.step(
-                step=step, max_steps=max_steps, loss=loss_value, lr=lr, grad_norm=result.grad_norm,
-                samples_per_second=rate * cfg.batch_size,
-                eta_seconds=(max_steps - step) / rate if rate else 0.0,
-                skipped=counters["skipped_steps"],
-            )  # fmt: skip
-            window_loss.zero_()
-            window_updates, window_steps, window_seconds = 0, 0, 0.0
-        meter.on_step(
-            step=step, samples=samples_per_rank, tokens=tokens_per_rank, loss=loss_value, lr=lr,
-            grad_norm=result.grad_norm, step_seconds=step_seconds,
-            data_wait_seconds=result.data_wait_seconds,
-            loss_scale=result.loss_scale, skipped=not result.updated, flops=flops_per_rank,
-        )  # fmt: skip
+        stats = progress.record(result, lr=lr, seconds=time.perf_counter() - step_started)
+        step = stats.step
+        if stats.skipped and not scaler.is_enabled() and cfg.nonfinite_loss == "stop":
+            raise NonFiniteLoss(
+                f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
+                "lower train.optimizer.lr, check the data, or set train.nonfinite_loss: skip"
+            )
+        if step % cfg.log_every == 0 or step == max_steps:
+            # The loss and the fp16 scale are read here only: a collective and host syncs.
+            stats = progress.log(stats, loss_scale=precision.loss_scale(scaler))
+            reporter.step(stats)
+        meter.on_step(stats)
 
         if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps:
             results = run_eval()
             reporter.evaluation(step=step, results=results)
             # plateau watches the eval loss, or the training loss when the task has no eval set
-            watched = results.get("loss", counters["last_loss"])
+            watched = results.get("loss", progress.last_loss)
             if watched is not None and scheduler.observe_loss(watched):
                 reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
         if checkpoints.due(step) and step < max_steps:
@@ -235,50 +212,22 @@ def train(cfg: TrainSpec, world: Any, reporter: Any, meter: Any, *, output_dir: 
     results = run_eval()
     if results:
         reporter.evaluation(step=step, results=results)
-    samples_done = (step - first_step) * cfg.batch_size
-    summary = {
-        "job": job_name,
-        "task": cfg.task,
-        "steps": step,
-        "samples": step * cfg.batch_size,
-        "final_loss": counters["last_loss"],
-        "eval": results,
-        "samples_per_second": samples_done / train_seconds if train_seconds else None,
-        "tokens_per_second": (
-            samples_done * task.tokens_per_sample / train_seconds
-            if task.tokens_per_sample and train_seconds
-            else None
-        ),
-        "wall_seconds": time.perf_counter() - started,
-        "train_seconds": train_seconds,
-        "world_size": world.world_size,
-        "batch_size": cfg.batch_size,
-        "micro_batch_size": micro,
-        "accumulation": layout.accumulation,
-        "precision": cfg.precision,
-        "device": world.device.type,
-        "skipped_steps": counters["skipped_steps"],
-        "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
-        "resumed_from_step": resumed_from,
-        "restarts": world.restart_count,
-    }
+    summary = report.summary(
+        job=runtime.job_name, train=cfg, progress=progress, world_size=world.world_size,
+        micro_batch_size=micro, accumulation=layout.accumulation, device=world.device.type,
+        tokens_per_sample=task.tokens_per_sample, results=results, loss_scale=precision.loss_scale(scaler),
+        resumed_from=resumed_from, restarts=world.restart_count, wall_seconds=time.perf_counter() - started,
+    )  # fmt: skip
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.write_atomic(output_dir / "model.pt", module.state_dict())
         report.write_json(output_dir / "summary.json", summary)
-        reporter.event("done", **summary)
-        accuracy = results.get("accuracy")
-        reporter.say(
-            f"done: {step} steps, final loss {fmt(counters['last_loss'])}"
-            + (f", eval accuracy {accuracy:.4f}" if accuracy is not None else "")
-            + (f", eval loss {results['loss']:.4f}" if "loss" in results else "")
-            + f" -> {output_dir / 'summary.json'}"
-        )
+        reporter.done(summary, summary_file=output_dir / "summary.json")
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()
 
 
-def build_optimizer(module: Any, cfg: Any, *, fused: bool) -> Any:
+def build_optimizer(module: torch.nn.Module, cfg: OptimizerSpec, *, fused: bool) -> torch.optim.Optimizer:
     import torch
 
     params = module.parameters()
@@ -287,7 +236,11 @@ def build_optimizer(module: Any, cfg: Any, *, fused: bool) -> Any:
     optimizer_class = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
     # fused kernels on CUDA: one launch for all parameters instead of a loop of small ones
     return optimizer_class(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused or None
+        params,
+        lr=cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        weight_decay=cfg.weight_decay,
+        fused=fused or None,
     )
 
 
@@ -295,18 +248,3 @@ def checkpoint_dir(output_dir: Path, configured: str | None) -> Path:
     if configured is None:
         return output_dir / "checkpoints"
     return output_dir / configured  # an absolute `configured` replaces output_dir (pathlib's `/`)
-
-
-def mean_over_ranks(window_loss: Any, steps: int) -> float:
-    """Mean training loss of the window over all ranks. A collective and a host sync: log steps only."""
-    import torch
-    import torch.distributed as torch_dist
-
-    totals = torch.stack([window_loss.float(), torch.tensor(float(steps), device=window_loss.device)])
-    torch_dist.all_reduce(totals)  # SUM: gloo has no AVG
-    loss_sum, step_count = totals.tolist()
-    return loss_sum / step_count if step_count else math.nan
-
-
-def fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"

@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import re
 import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from orchestrator.runtime_env import RuntimeEnv
+    from orchestrator.trainer import gpu
     from orchestrator.trainer.gpu import GpuCollector
+    from orchestrator.trainer.report import StepStats
 
 log = logging.getLogger(__name__)
-
-DEFAULT_GPU_SAMPLE_SECONDS = 5.0
 
 # Step time buckets (seconds): 5 ms to 2 min, ~1.6x apart, so p50/p95 interpolate within ~25%.
 STEP_SECONDS_BUCKETS = (
@@ -63,7 +63,7 @@ STEP_SECONDS_BUCKETS = (
 
 # Dense (no sparsity) BF16 tensor-core peak TFLOP/s per GPU, from NVIDIA's datasheets; matched in order against
 # torch.cuda.get_device_name(), so more specific names come first. V100 and T4 have no bf16: their FP16 peak.
-# Not listed or a different precision: set ORCH_PEAK_TFLOPS or `metrics.peak_tflops` in job.yaml.
+# Not listed or a different precision: set `metrics.peak_tflops` in job.yaml (or ORCH_PEAK_TFLOPS for `orch run`).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("GH200", 989.0),
     ("H200", 989.0),
@@ -96,18 +96,11 @@ def peak_tflops_for(device_name: str) -> float | None:
     return None
 
 
-def resolve_peak_flops(*, override_tflops: float | None, device_name: str | None) -> float | None:
-    """Peak FLOP/s used for MFU: ORCH_PEAK_TFLOPS, else job.yaml's metrics.peak_tflops, else the GPU table."""
-    env = os.environ.get("ORCH_PEAK_TFLOPS", "").strip()
-    if env:
-        try:
-            if float(env) > 0:
-                return float(env) * 1e12
-        except ValueError:
-            pass
-        log.warning("ignoring ORCH_PEAK_TFLOPS=%r: not a positive number", env)
-    if override_tflops:
-        return override_tflops * 1e12
+def peak_flops(*, peak_tflops: float | None, device_name: str | None) -> float | None:
+    """Peak FLOP/s used for MFU: the job's (metrics.peak_tflops, or ORCH_PEAK_TFLOPS from the shell of
+    `orch run`), else the GPU table; None: no MFU."""
+    if peak_tflops:
+        return peak_tflops * 1e12
     tflops = peak_tflops_for(device_name) if device_name else None
     return tflops * 1e12 if tflops else None
 
@@ -179,26 +172,24 @@ class _LiveFilesCollector:
 # --- the exporter -------------------------------------------------------------------------------------------------
 
 
+class Meter(Protocol):
+    """What the loop calls every step; PrometheusMetrics or, with metrics off, NullMetrics."""
+
+    serving_port: int | None
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def set_restart_count(self, count: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class NullMetrics:
     """Metrics that do nothing: used when metrics are disabled (no branches in the loop)."""
 
     serving_port: int | None = None
 
-    def on_step(
-        self,
-        *,
-        step: int,
-        samples: int,
-        tokens: int = 0,
-        loss: float | None = None,
-        lr: float | None = None,
-        grad_norm: float | None = None,
-        step_seconds: float = 0.0,
-        data_wait_seconds: float = 0.0,
-        loss_scale: float | None = None,
-        skipped: bool = False,
-        flops: float | None = None,
-    ) -> None:
+    def on_step(self, stats: StepStats) -> None:
         pass
 
     def set_restart_count(self, count: int) -> None:
@@ -293,7 +284,6 @@ class PrometheusMetrics(NullMetrics):
                 "orch_torch_cuda_alloc_retries", "cudaMalloc retries after flushing the cache"
             )
             self._ooms = counter("orch_torch_cuda_ooms", "Out-of-memory errors torch's allocator raised")
-            gpu_uuid = _device_uuid(device) if gpu_uuid is None else gpu_uuid
         Gauge(
             "orch_rank_info",
             "Where a rank runs (value 1)",
@@ -364,45 +354,29 @@ class PrometheusMetrics(NullMetrics):
         self.serving_port = self._server.server_port
         log.info("serving metrics on http://%s:%d/metrics", addr, self.serving_port)
 
-    def on_step(
-        self,
-        *,
-        step: int,
-        samples: int,
-        tokens: int = 0,
-        loss: float | None = None,
-        lr: float | None = None,
-        grad_norm: float | None = None,
-        step_seconds: float = 0.0,
-        data_wait_seconds: float = 0.0,
-        loss_scale: float | None = None,
-        skipped: bool = False,
-        flops: float | None = None,
-    ) -> None:
+    def on_step(self, stats: StepStats) -> None:
         # Host-side numbers only: each line below stores a float into a memory-mapped file.
         try:
-            self._step.set(step)
+            self._step.set(stats.step)
             self._steps.inc()
-            self._samples.inc(samples)
-            if tokens:
-                self._tokens.inc(tokens)
-            if loss is not None:
-                self._loss.set(loss)
-            if lr is not None:
-                self._lr.set(lr)
-            if grad_norm is not None:
-                self._grad_norm.set(grad_norm)
-            self._step_seconds.observe(step_seconds)
-            self._data_wait.inc(max(data_wait_seconds, 0.0))
+            self._samples.inc(stats.work.samples)
+            if stats.work.tokens:
+                self._tokens.inc(stats.work.tokens)
+            if stats.loss is not None:
+                self._loss.set(stats.loss)
+            self._lr.set(stats.lr)
+            self._grad_norm.set(stats.grad_norm)
+            self._step_seconds.observe(stats.seconds)
+            self._data_wait.inc(max(stats.data_wait_seconds, 0.0))
             self._last_step_time.set(time.time())
-            if loss_scale is not None:
-                self._loss_scale.set(loss_scale)
-            if skipped:
+            if stats.loss_scale is not None:
+                self._loss_scale.set(stats.loss_scale)
+            if stats.skipped:
                 self._skipped.inc()
-            if flops:
-                self._flops.inc(flops)
+            if stats.work.flops:
+                self._flops.inc(stats.work.flops)
                 if self._peak_flops:
-                    self._mfu.set(mfu(flops, step_seconds, self._peak_flops))
+                    self._mfu.set(mfu(stats.work.flops, stats.seconds, self._peak_flops))
             if self._cuda and time.monotonic() >= self._next_memory_read:
                 self._read_cuda_memory()
         except Exception as error:  # never let a metric take the step down
@@ -445,45 +419,38 @@ class PrometheusMetrics(NullMetrics):
 
 
 def _device_uuid(device: str) -> str:
+    from orchestrator.trainer import gpu
+
     try:
         import torch
 
-        index = torch.device(device).index or 0
-        uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+        return gpu.nvml_uuid(getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", ""))
     except Exception:
         return ""
-    return uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def build_metrics(
+    runtime: RuntimeEnv,
     *,
-    enabled: bool,
-    job: str,
     rank: int,
     local_rank: int,
     node_rank: int,
-    local_world_size: int,
-    port: int,
     device: str,
-    gpu_sample_seconds: float | None = None,
-    peak_tflops: float | None = None,
-    addr: str | None = None,
-    gpu_reader=None,
-    gpu_devices=None,
+    gpu_reader: gpu.GpuReader | None = None,
+    gpu_devices: list[gpu.GpuDevice] | None = None,
     sample_gpus: bool | None = None,
     gpu_uuid: str | None = None,
-    multiproc_dir: str | os.PathLike | None = None,
-) -> NullMetrics:
-    """The trainer's metrics: a PrometheusMetrics when enabled and the port is set, else a NullMetrics.
+    multiproc_dir: str | os.PathLike[str] | None = None,
+) -> Meter:
+    """The trainer's metrics: a PrometheusMetrics when `runtime` names a port, else a NullMetrics.
 
-    `gpu_sample_seconds` defaults to ORCH_GPU_SAMPLE_SECONDS or 5; `peak_tflops` is job.yaml's metrics.peak_tflops
-    (ORCH_PEAK_TFLOPS wins); `addr` defaults to ORCH_METRICS_ADDR or 0.0.0.0 (pods are scraped on their IP).
     `gpu_reader` (a gpu.GpuReader) and `gpu_devices` (gpu.GpuDevice list) replace NVML and CUDA in tests;
     `sample_gpus` forces the GPU sampler on or off (default: on when `device` is CUDA); `gpu_uuid` overrides the
     UUID of this rank's GPU in `orch_rank_info` (default: read from torch for a CUDA device).
     """
-    if not enabled or not port:
+    if not runtime.metrics_port:
         return NullMetrics()
+    port, job = runtime.metrics_port, runtime.job_name
     try:
         directory = Path(
             multiproc_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or default_multiproc_dir(job, port)
@@ -491,15 +458,13 @@ def build_metrics(
         directory.mkdir(parents=True, exist_ok=True)
         prune_dead_files(directory, also_pid=os.getpid())
         _use_multiprocess_values(directory)
-        if gpu_sample_seconds is None:
-            gpu_sample_seconds = _positive_float(
-                os.environ.get("ORCH_GPU_SAMPLE_SECONDS"), DEFAULT_GPU_SAMPLE_SECONDS
-            )
         device_name = None
         if device.startswith("cuda"):
             import torch
 
             device_name = torch.cuda.get_device_name(torch.device(device))
+            if gpu_uuid is None:
+                gpu_uuid = _device_uuid(device)
         return PrometheusMetrics(
             job=job,
             rank=rank,
@@ -508,10 +473,10 @@ def build_metrics(
             port=port,
             device=device,
             directory=directory,
-            gpu_sample_seconds=gpu_sample_seconds,
-            peak_flops=resolve_peak_flops(override_tflops=peak_tflops, device_name=device_name),
+            gpu_sample_seconds=runtime.gpu_sample_seconds,
+            peak_flops=peak_flops(peak_tflops=runtime.peak_tflops, device_name=device_name),
             serve=local_rank == 0,
-            addr=addr or os.environ.get("ORCH_METRICS_ADDR") or "0.0.0.0",
+            addr=runtime.metrics_addr,
             gpu_reader=gpu_reader,
             gpu_devices=gpu_devices,
             sample_gpus=device.startswith("cuda") if sample_gpus is None else sample_gpus,
@@ -520,11 +485,3 @@ def build_metrics(
     except Exception as error:  # metrics are optional: train without them rather than not at all
         log.warning("metrics off: %s", error)
         return NullMetrics()
-
-
-def _positive_float(text: str | None, default: float) -> float:
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        return default
-    return value if value > 0 and math.isfinite(value) else default

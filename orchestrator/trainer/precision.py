@@ -24,6 +24,11 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
+def loss_scale(scaler: torch.amp.GradScaler) -> float | None:
+    """fp16: the scaler's current scale; None otherwise. Reading it is a host sync: log steps only."""
+    return scaler.get_scale() if scaler.is_enabled() else None
+
+
 def set_tf32(enabled: bool) -> None:
     """TF32 for fp32 matmuls and convolutions on GPUs that have it (Ampere+); no effect on CPU.
 

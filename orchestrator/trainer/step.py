@@ -25,8 +25,6 @@ class StepResult:
     updated: bool
     """False when the step was skipped: an fp16 overflow, or a non-finite gradient in fp32/bf16."""
     data_wait_seconds: float
-    loss_scale: float | None = None
-    """fp16: the scaler's scale after this step (read here, where the step already synced); else None."""
 
 
 def train_step(
@@ -64,29 +62,35 @@ def train_step(
     # Once per optimizer step: unscale (fp16), measure and clip the gradient norm.
     scaler.unscale_(optimizer)
     parameters = [p for p in model.parameters() if p.grad is not None]
-    if grad_clip:
-        norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    norm = clip_grad_norm(parameters, grad_clip) if grad_clip else total_norm(parameters)
     # The one host sync of the step: whether the update may happen. The norm is of the all-reduced
-    # gradient, so every rank takes the same decision.
+    # gradient, so every rank takes the same decision. It is not finite exactly when a gradient is not,
+    # which under fp16 is what unscale_ just recorded as an overflow.
     grad_norm = norm.item()
-    loss_scale = None
-    if scaler.is_enabled():
-        scale_before = scaler.get_scale()
-        scaler.step(optimizer)  # skips the update when unscale_ found inf/NaN
-        scaler.update()  # ... and then halves the scale
-        loss_scale = scaler.get_scale()
-        updated = loss_scale >= scale_before
-    else:
-        updated = math.isfinite(grad_norm)
-        if updated:
-            optimizer.step()
+    updated = math.isfinite(grad_norm)
+    if updated:
+        # The gradients are unscaled already. Not scaler.step(): its own overflow check reads the
+        # device (a second sync) before it calls this same optimizer.step().
+        optimizer.step()
+    scaler.update()  # fp16: halves the scale after an overflow, grows it after enough good steps; no sync
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(
-        loss=loss_sum,
-        grad_norm=grad_norm,
-        updated=updated,
-        data_wait_seconds=data_wait,
-        loss_scale=loss_scale,
-    )
+    return StepResult(loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait)
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip in place to `max_norm`; the norm before clipping (a device tensor: reading it syncs)."""
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+def total_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The 2-norm of all gradients, without clipping (a device tensor).
+
+    torch.nn.utils.get_total_norm exists from torch 2.6; older releases get the same number from norms of norms.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(grads)
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))

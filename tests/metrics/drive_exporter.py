@@ -8,6 +8,7 @@ until --stop-file exists (or --hold-seconds pass), then closes the exporter and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, when run as a script
 
+from orchestrator.runtime_env import RuntimeEnv  # noqa: E402
 from orchestrator.trainer.metrics import build_metrics  # noqa: E402
+from orchestrator.trainer.report import StepStats, Workload  # noqa: E402
 
 
 def main() -> int:
@@ -47,34 +50,31 @@ def main() -> int:
         gpu = dict(gpu_reader=FakeGpuReader(), gpu_devices=FAKE_DEVICES, sample_gpus=True, gpu_uuid=own)
     elif args.sample_gpus:
         gpu = dict(sample_gpus=True)
+    # The trainer's runtime facts as its launcher would set them (ORCH_PEAK_TFLOPS etc. from the test's env).
+    runtime = dataclasses.replace(RuntimeEnv.from_environ(), job_name=args.job, metrics_port=args.port)
     metrics = build_metrics(
-        enabled=True,
-        job=args.job,
-        rank=args.rank,
-        local_rank=args.local_rank,
-        node_rank=args.node_rank,
-        local_world_size=2,
-        port=args.port,
-        device="cpu",
-        **gpu,
+        runtime, rank=args.rank, local_rank=args.local_rank, node_rank=args.node_rank, device="cpu", **gpu
     )
+    work = Workload(samples=32, tokens=32 * 128, flops=4e9)
     samples = tokens = step = 0
     while step < args.steps and not (args.stop_file and os.path.exists(args.stop_file)):
         time.sleep(args.sleep)
         step += 1
         loss = math.nan if step == args.nan_at else 2.0 / step
         metrics.on_step(
-            step=step,
-            samples=32,
-            tokens=32 * 128,
-            loss=loss,
-            lr=1e-3 * step,
-            grad_norm=0.5,
-            step_seconds=0.02 + 0.001 * args.rank,
-            data_wait_seconds=0.005,
-            loss_scale=65536.0,
-            skipped=step % 10 == 0,
-            flops=4e9,
+            StepStats(
+                step=step,
+                max_steps=args.steps,
+                lr=1e-3 * step,
+                grad_norm=0.5,
+                seconds=0.02 + 0.001 * args.rank,
+                data_wait_seconds=0.005,
+                skipped=step % 10 == 0,
+                skipped_total=step // 10,
+                work=work,
+                loss=loss,
+                loss_scale=65536.0,
+            )
         )
         samples, tokens = samples + 32, tokens + 32 * 128
     if args.crash:

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from orchestrator.runtime_env import RuntimeEnv
 from orchestrator.trainer.metrics import NullMetrics, build_metrics
+from orchestrator.trainer.report import StepStats, Workload
 from tests.metrics.conftest import free_port
 from tests.metrics.helpers import scrape, start_driver
 
@@ -19,20 +21,15 @@ def _finish(process, timeout=30) -> tuple[dict, str]:
     return json.loads(out.strip().splitlines()[-1]), err
 
 
-def test_disabled_or_no_port_gives_null_metrics():
-    for enabled, port in ((False, 9400), (True, 0)):
-        metrics = build_metrics(
-            enabled=enabled,
-            job="j",
-            rank=0,
-            local_rank=0,
-            node_rank=0,
-            local_world_size=1,
-            port=port,
-            device="cpu",
-        )
+def test_no_port_gives_null_metrics():
+    # metrics.enabled: false renders ORCH_METRICS_PORT=0; unset is the same
+    for environ in ({"ORCH_METRICS_PORT": "0"}, {}):
+        runtime = RuntimeEnv.from_environ(environ)
+        metrics = build_metrics(runtime, rank=0, local_rank=0, node_rank=0, device="cpu")
         assert type(metrics) is NullMetrics
-        metrics.on_step(step=1, samples=1)  # the trainer calls it unconditionally
+        stats = StepStats(step=1, max_steps=1, lr=0.1, grad_norm=1.0, seconds=0.1, data_wait_seconds=0.0,
+                          skipped=False, skipped_total=0, work=Workload(samples=1))  # fmt: skip
+        metrics.on_step(stats)  # the trainer calls it unconditionally
         metrics.close()
 
 

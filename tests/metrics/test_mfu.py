@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.trainer.metrics import mfu, peak_tflops_for, resolve_peak_flops
+from orchestrator.runtime_env import RuntimeEnv
+from orchestrator.trainer.metrics import mfu, peak_flops, peak_tflops_for
 
 
 @pytest.mark.parametrize(
@@ -31,17 +32,15 @@ def test_peak_table(name, tflops):
     assert peak_tflops_for(name) == tflops
 
 
-def test_peak_precedence(monkeypatch):
-    monkeypatch.delenv("ORCH_PEAK_TFLOPS", raising=False)
-    assert resolve_peak_flops(override_tflops=None, device_name="NVIDIA L4") == 121e12
-    assert (
-        resolve_peak_flops(override_tflops=200.0, device_name="NVIDIA L4") == 200e12
-    )  # job.yaml beats the table
-    assert resolve_peak_flops(override_tflops=None, device_name=None) is None  # CPU: no MFU
-    monkeypatch.setenv("ORCH_PEAK_TFLOPS", "50")
-    assert resolve_peak_flops(override_tflops=200.0, device_name="NVIDIA L4") == 50e12  # env beats both
-    monkeypatch.setenv("ORCH_PEAK_TFLOPS", "fast")
-    assert resolve_peak_flops(override_tflops=None, device_name="NVIDIA L4") == 121e12  # bad env: ignored
+def test_peak_precedence():
+    assert peak_flops(peak_tflops=None, device_name="NVIDIA L4") == 121e12
+    assert peak_flops(peak_tflops=200.0, device_name="NVIDIA L4") == 200e12  # the job's beats the table
+    assert peak_flops(peak_tflops=None, device_name=None) is None  # CPU: no MFU
+    assert peak_flops(peak_tflops=None, device_name="NVIDIA GeForce RTX 3090") is None  # unknown: no MFU
+    # ORCH_PEAK_TFLOPS is how the job's value reaches the trainer; a malformed one is ignored, not fatal
+    assert RuntimeEnv.from_environ({"ORCH_PEAK_TFLOPS": "50"}).peak_tflops == 50.0
+    assert RuntimeEnv.from_environ({"ORCH_PEAK_TFLOPS": "fast"}).peak_tflops is None
+    assert RuntimeEnv.from_environ({"ORCH_PEAK_TFLOPS": "-1"}).peak_tflops is None
 
 
 def test_mfu():

@@ -1,0 +1,127 @@
+"""What a launcher passes to the trainer besides train.json: the runtime facts, as `ORCH_*` environment variables.
+
+Two channels reach `python -m orchestrator.trainer`: the job's `train` section as a file (`train_json`,
+`--config`), and the facts of where and how it runs (job name, output directory, exporter settings, where
+progress goes) in the environment. `render` (the pods) and `orch run` (this machine) write the environment
+with `RuntimeEnv.to_env()`; the trainer reads it once with `RuntimeEnv.from_environ()`. Every name and
+default lives here. Imports nothing heavy (`orch render` imports it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec, TrainSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9400  # metrics.port in job.yaml; `orch top --local` looks here
+DEFAULT_GPU_SAMPLE_SECONDS = 5.0
+DEFAULT_METRICS_ADDR = "0.0.0.0"  # Prometheus scrapes the pod's IP
+
+JOB_NAME = "ORCH_JOB_NAME"
+OUTPUT_DIR = "ORCH_OUTPUT_DIR"
+METRICS_PORT = "ORCH_METRICS_PORT"  # unset or 0: no exporter
+METRICS_ADDR = "ORCH_METRICS_ADDR"
+GPU_SAMPLE_SECONDS = "ORCH_GPU_SAMPLE_SECONDS"
+PEAK_TFLOPS = "ORCH_PEAK_TFLOPS"
+PROGRESS_FILE = "ORCH_PROGRESS_FILE"  # `orch run`: rank 0's JSON events, drawn as a progress bar
+LOG_LINES = "ORCH_LOG_LINES"  # "0": no plain log lines (the progress bar draws instead)
+
+# Settings a user may override from the shell of `orch run` (e.g. ORCH_METRICS_PORT=0 turns the exporter off).
+USER_OVERRIDES = (METRICS_PORT, GPU_SAMPLE_SECONDS, PEAK_TFLOPS, METRICS_ADDR)
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    job_name: str = "local"
+    output_dir: str = "."
+    """Where summary.json, model.pt and (by default) checkpoints go."""
+    metrics_port: int = 0
+    """The exporter's port on local rank 0; 0: metrics off."""
+    metrics_addr: str = DEFAULT_METRICS_ADDR
+    gpu_sample_seconds: float = DEFAULT_GPU_SAMPLE_SECONDS
+    peak_tflops: float | None = None
+    """Peak dense TFLOP/s of one device for MFU; None: the built-in GPU table decides."""
+    progress_file: str | None = None
+    log_lines: bool = True
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, *, name: str, output_dir: str) -> RuntimeEnv:
+        """What a job's processes get, in a pod (render) or here (`orch run`)."""
+        return cls(
+            job_name=name,
+            output_dir=output_dir,
+            metrics_port=spec.metrics.port if spec.metrics.enabled else 0,
+            gpu_sample_seconds=spec.metrics.gpu_sample_seconds,
+            peak_tflops=spec.metrics.peak_tflops,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to set; ones left at their default are left out (except port and sample period,
+        which pods always show, so `kubectl describe` says whether metrics are on)."""
+        env = {
+            JOB_NAME: self.job_name,
+            OUTPUT_DIR: self.output_dir,
+            METRICS_PORT: str(self.metrics_port),
+            GPU_SAMPLE_SECONDS: str(self.gpu_sample_seconds),
+        }
+        if self.peak_tflops is not None:
+            env[PEAK_TFLOPS] = str(self.peak_tflops)
+        if self.metrics_addr != DEFAULT_METRICS_ADDR:
+            env[METRICS_ADDR] = self.metrics_addr
+        if self.progress_file is not None:
+            env[PROGRESS_FILE] = self.progress_file
+        if not self.log_lines:
+            env[LOG_LINES] = "0"
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RuntimeEnv:
+        """Read once by the trainer. A malformed number is a warning and its default, never a crash."""
+        env = os.environ if environ is None else environ
+        return cls(
+            job_name=env.get(JOB_NAME) or "local",
+            output_dir=env.get(OUTPUT_DIR) or ".",
+            metrics_port=int(_number(env, METRICS_PORT, minimum=0) or 0),
+            metrics_addr=env.get(METRICS_ADDR) or DEFAULT_METRICS_ADDR,
+            gpu_sample_seconds=_number(env, GPU_SAMPLE_SECONDS, minimum=1e-3) or DEFAULT_GPU_SAMPLE_SECONDS,
+            peak_tflops=_number(env, PEAK_TFLOPS, minimum=1e-9),
+            progress_file=env.get(PROGRESS_FILE) or None,
+            log_lines=env.get(LOG_LINES, "1") != "0",
+        )
+
+
+def _number(env: Mapping[str, str], name: str, *, minimum: float) -> float | None:
+    """The number `name` holds; None when unset or malformed (a warning: its default applies)."""
+    text = (env.get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum) or (name == METRICS_PORT and value != int(value)):
+        log.warning("ignoring %s=%r: not a valid value (using the default)", name, text)
+        return None
+    return value
+
+
+def train_json(train: TrainSpec) -> str:
+    """train.json, the trainer's `--config`: the job's `train` section, in the pods' ConfigMap and `orch run`'s
+    output directory alike."""
+    return json.dumps(train.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+
+
+def load_train_json(text: str) -> TrainSpec:
+    """The trainer's side of train_json: validated again, so a hand-edited file fails with pydantic's message."""
+    from orchestrator.spec import TrainSpec
+
+    return TrainSpec.model_validate(json.loads(text))
