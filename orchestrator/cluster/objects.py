@@ -139,9 +139,10 @@ def choose_api(cluster: Cluster, wanted: str) -> tuple[JobAPI, str]:
         kinds = " nor ".join(f"{api.resource.kind} ({api.resource.api_version})" for api in all_apis())
         raise OperatorNotInstalled(f"{cluster.server} serves neither {kinds}. Install {installs}")
     if len(served) > 1:
+        kinds = " and ".join(a.resource.kind for a in served)
         return served[
             0
-        ], f"the cluster serves {' and '.join(a.resource.kind for a in served)}; auto prefers the first"
+        ], f"the cluster serves {kinds}; auto picks {served[0].resource.kind} (--api to choose)"
     return served[0], f"the cluster serves {served[0].resource.kind} only"
 
 

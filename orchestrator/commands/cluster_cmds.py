@@ -18,6 +18,7 @@ from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
     from orchestrator.cluster import Cluster, Job
+    from orchestrator.spec import JobSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,6 +105,14 @@ def _build_image(
     return ref
 
 
+def _warn_once(spec: JobSpec, api: str) -> None:
+    """What the job risks on this API (partial scheduling, checkpoints a restart would lose): once, on stderr."""
+    from orchestrator import render
+
+    for message in render.warnings(spec, api):
+        _warn(message)
+
+
 def _ref(obj: dict[str, Any]) -> str:
     """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
     group = obj["apiVersion"].rpartition("/")[0]
@@ -117,6 +126,13 @@ def _ref(obj: dict[str, Any]) -> str:
     "--dry-run",
     type=click.Choice(["client", "server"]),
     help="client: print what would be sent, contact nothing. server: the API server validates, stores nothing.",
+)
+@click.option(
+    "--api",
+    type=click.Choice(["auto", "pytorchjob", "trainjob"]),
+    default=None,
+    help="Which job API to submit to [default: the job file's `api`, else auto: whichever the cluster serves, "
+    "PyTorchJob when both are].",
 )
 @click.option("--replace", is_flag=True, help="If a job of this name exists, delete it (and wait) first.")
 @click.option(
@@ -146,6 +162,7 @@ def submit(
     context: str | None,
     namespace: str | None,
     dry_run: str | None,
+    api: str | None,
     replace: bool,
     wait_: bool,
     follow: bool,
@@ -155,11 +172,15 @@ def submit(
     build_tool: str | None,
     output: str,
 ) -> int:
-    """Render JOB and create it on the cluster: the PyTorchJob, its ConfigMap and PodMonitor.
+    """Render JOB and create it on the cluster: a PyTorchJob or a TrainJob, with its ConfigMap, PodMonitor
+    (and, for a TrainJob, its TrainingRuntime).
 
+    With `api: auto` (the default) API discovery decides: TrainJob where only Kubeflow Trainer v2 is
+    installed, PyTorchJob where only the training operator is, PyTorchJob where both are; the choice is
+    printed. `--dry-run=client` asks no cluster, so auto renders a PyTorchJob there (as `orch render` does).
     Everything is validated before anything is sent; if a create fails midway, what was created is
-    deleted again. The ConfigMap and PodMonitor are owned by the PyTorchJob, so deleting the job
-    removes them. `-o` sets the format of `--dry-run=client` output.
+    deleted again. The other objects are owned by the job, so deleting the job removes them. `-o` sets the
+    format of `--dry-run=client` output.
 
     \b
     Example:
@@ -168,27 +189,37 @@ def submit(
       orch submit job.yaml --replace --wait
       orch submit job.yaml --dry-run=client | less
       orch submit job.yaml --build --follow     # build, push, run that image
+      orch submit job.yaml --api trainjob       # Kubeflow Trainer v2, whatever else is installed
     """
     from orchestrator import cluster, render
 
     spec = load_job(job_file, overrides, require_image=True)
-    objects = render.render(spec)  # everything is checked before anything is built or sent
+    wanted = api or spec.api
+    rendered_api = "pytorchjob" if wanted == "auto" else wanted  # auto before the cluster is asked
+    objects = render.render(spec, api=rendered_api)  # everything is checked before anything is built or sent
     if build:
         image = cast(str, spec.image)  # load_job(require_image=True) made sure there is one
         spec = spec.model_copy(update={"image": _build_image(image, build_context, build_args, build_tool,
                                                              dry_run=dry_run == "client")})  # fmt: skip
-        objects = render.render(spec)
+        objects = render.render(spec, api=rendered_api)
     if dry_run == "client":
+        _warn_once(spec, rendered_api)
         target = cluster.Target(kubeconfig, context, namespace)
         prepared = cluster.prepare(objects, cluster.resolve_namespace(target, job_namespace=spec.namespace))
         click.echo(render.to_yaml(prepared) if output == "yaml" else render.to_json(prepared), nl=False)
         return 0
 
     target_cluster = _connect(kubeconfig, context, namespace, spec.namespace)
+    chosen, why = cluster.choose_api(target_cluster, wanted)
+    if wanted == "auto":
+        _note(f"api: {chosen.key} ({why})")
+    if chosen.key != rendered_api:
+        objects = render.render(spec, api=chosen.key)
     result = cluster.submit(target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=_warn)
     suffix = " (server dry run)" if dry_run == "server" else ""
     for obj in result.created:
         click.echo(f"{_ref(obj)} created{suffix}")
+    _warn_once(spec, chosen.key)
     if dry_run == "server":
         return 0
     name, ns = spec.name, target_cluster.namespace

@@ -29,44 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def trainjob_objects(job_file: Path) -> list[dict]:
-    """The objects of the agreed TrainJob rendering (ConfigMap, a TrainingRuntime named like the job, the
-    TrainJob, PodMonitor), built from today's rendering. Stand-in until `render(spec, api="trainjob")` lands."""
-    objects = render.render(loading.load_job(str(job_file)))
-    by_kind = {o["kind"]: o for o in objects}
-    job = by_kind["PyTorchJob"]
-    name = job["metadata"]["name"]
-    replicas = job["spec"]["pytorchReplicaSpecs"]
-    nodes = sum(r["replicas"] for r in replicas.values())
-    template = copy.deepcopy(replicas["Master"]["template"])
-    container = template["spec"]["containers"][0]
-    container["name"] = "node"
-    container["command"] = ["torchrun", "-m", "orchestrator.trainer", "--config", "/etc/orch/train.json"]
-    container["ports"] = [p for p in container["ports"] if p["name"] == "metrics"]
-    runtime = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": name, "labels": job["metadata"]["labels"]},
-        "spec": {
-            "mlPolicy": {"numNodes": nodes, "torch": {"numProcPerNode": job["spec"]["nprocPerNode"]}},
-            "template": {"spec": {"replicatedJobs": [{
-                "name": "node",
-                "template": {
-                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                    "spec": {"template": template},
-                },
-            }]}},
-        },
-    }  # fmt: skip
-    trainjob = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name, "labels": job["metadata"]["labels"]},
-        "spec": {
-            "runtimeRef": {"name": name, "apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime"},
-            "trainer": {"numNodes": nodes},
-        },
-    }
-    return [by_kind["ConfigMap"], runtime, trainjob, by_kind["PodMonitor"]]
+    """The job rendered as a TrainJob: ConfigMap, a TrainingRuntime named like the job, the TrainJob, PodMonitor."""
+    return render.render(loading.load_job(str(job_file)), api="trainjob")
 
 
 @pytest.fixture
@@ -197,10 +161,16 @@ def test_wait_failed_and_timeout(v2, job_file):
     )
 
 
-def test_jobset_restart_is_followed_by_logs_and_counted_by_status(v2, job_file):
-    """restart.policy job on a TrainJob: JobSet deletes every pod and creates them anew (played here)."""
+def test_jobset_restart_is_followed_by_logs_and_counted_by_status(v2, tmp_path):
+    """restart.policy job (the default of a multi-node job) on a TrainJob: JobSet's failure policy deletes every
+    pod and creates them anew (played here, within the rendered maxRestarts)."""
     kube = v2.kube
+    job_file = tmp_path / "restartable.yaml"
+    job_file.write_text("name: demo\nimage: registry.example/trainer:1\nnodes: 3\n"
+                        "train: {task: digits, batch_size: 96, max_steps: 10}\n")  # fmt: skip
     submit(v2, job_file)
+    runtime = kube.get(TRAININGRUNTIMES, NS, "demo")
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": 3}
     trainer = TrainerV2(kube, NS, "demo")
     first = trainer.start()
     kube.write_log(NS, first[0], "attempt 1 step 5")
@@ -225,3 +195,105 @@ def test_jobset_restart_is_followed_by_logs_and_counted_by_status(v2, job_file):
     assert code == 0, stderr
     assert "job demo restarted: every pod was recreated (restart 1)" in stderr
     assert follower.seen.count("[node-0] attempt 1 step 5") == 1  # nothing shown twice
+
+
+# --- `orch submit` end to end: API discovery picks the API, render renders it ------------------------------
+
+
+def test_submit_digits_on_a_trainer_v2_only_cluster_and_follow_it_to_the_end(v2):
+    """The example job, unchanged, on a cluster with only Trainer v2: auto picks TrainJob; the rest follows."""
+    from tests.spec.manifest_checks import cluster_errors
+
+    kube, example = v2.kube, REPO / "examples" / "digits.yaml"
+    result = v2.orch("submit", str(example))
+    assert result.exit_code == 0, result.stderr
+    assert "api: trainjob (the cluster serves TrainJob only)" in result.stderr
+    assert "warning:" not in result.stderr  # one node: nothing to schedule partially, nothing to restart
+    assert result.stdout.splitlines() == [
+        "trainingruntime.trainer.kubeflow.org/digits-ddp created",
+        "trainjob.trainer.kubeflow.org/digits-ddp created",
+        "configmap/digits-ddp-config created",
+        "podmonitor.monitoring.coreos.com/digits-ddp created",
+    ]
+    # What reached the API server is the TrainJob rendering (namespace and ownerReferences added), and valid.
+    expected = {o["kind"]: o for o in render.render(loading.load_job(str(example)), api="trainjob")}
+    for request in kube.requests("post"):
+        sent = copy.deepcopy(request.data)
+        meta = {k: v for k, v in sent.pop("metadata").items() if k not in ("uid", "generation",
+                "creationTimestamp", "resourceVersion", "ownerReferences", "namespace")}  # fmt: skip
+        want = copy.deepcopy(expected[sent["kind"]])
+        assert (meta, sent) == (want.pop("metadata"), want)
+        assert cluster_errors(request.data) == [], request.data["kind"]
+
+    trainer = TrainerV2(kube, NS, "digits-ddp")
+    (pod,) = trainer.start()
+    stored = kube.get(PODS, NS, pod)
+    env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["ORCH_JOB_NAME"]) == ("1", "2", "digits-ddp")
+    # The PodMonitor selects the TrainJob's pods (what Prometheus scrapes and `orch top` reads).
+    selector = kube.get(PODMONITORS, NS, "digits-ddp")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= stored["metadata"]["labels"].items()
+
+    kube.write_log(NS, pod, "step 25 loss 1.02", "step 300 accuracy 0.97")
+    state = json.loads(v2.orch("status", "digits-ddp", "-o", "json").stdout)
+    assert (state["kind"], state["phase"], [p["name"] for p in state["pods"]]) == (
+        "TrainJob",
+        "Running",
+        [pod],
+    )
+    assert json.loads(v2.orch("list", "-o", "json").stdout)[0]["kind"] == "TrainJob"
+    assert v2.orch("logs", "digits-ddp").stdout.splitlines() == [
+        "[node-0] step 25 loss 1.02", "[node-0] step 300 accuracy 0.97",
+    ]  # fmt: skip
+    trainer.finish()
+    assert v2.orch("wait", "digits-ddp").exit_code == 0
+    assert v2.orch("delete", "digits-ddp", "--wait").exit_code == 0
+    for resource in (TRAINJOBS, TRAININGRUNTIMES, CONFIGMAPS, PODMONITORS, JOBSETS, PODS):
+        assert kube.names(resource, NS) == [], resource
+
+
+def test_auto_prefers_pytorchjob_where_both_are_served(tmp_path, job_file):
+    with serve(operator=True, trainer=True) as kube:
+        kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": NS}, current="dev")
+        env = Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
+        result = env.orch("submit", str(job_file))
+        assert result.exit_code == 0, result.stderr
+        assert (
+            "api: pytorchjob (the cluster serves PyTorchJob and TrainJob; auto picks PyTorchJob"
+            in result.stderr
+        )
+        # render's warnings for the chosen API, once: 3 pods on the default scheduler, no queue
+        assert result.stderr.count("warning: nothing prevents partial scheduling: 3 pods") == 1
+        assert [r.data["kind"] for r in kube.requests("post")][0] == "PyTorchJob"
+        chosen = env.orch("submit", str(job_file), "--api", "trainjob", "--set", "name=demo-v2")
+        assert chosen.exit_code == 0, chosen.stderr
+        assert "api:" not in chosen.stderr  # asked for, not chosen
+        assert kube.names(TRAINJOBS, NS) == ["demo-v2"]
+        listed = env.orch("list").stdout.splitlines()
+        assert [line.split()[:2] for line in listed[1:]] == [["demo", "PyTorchJob"], ["demo-v2", "TrainJob"]]
+
+
+def test_neither_api_served_names_both_ways_to_install(tmp_path, job_file):
+    with serve(operator=False, trainer=False) as kube:
+        kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": NS}, current="dev")
+        env = Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
+        result = env.orch("submit", str(job_file))
+        assert result.exit_code == 1
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(
+            f"error: {kube.url} (context dev) serves neither PyTorchJob (kubeflow.org/v1) nor "
+        )
+        assert "helm install kubeflow-trainer" in line and "kubectl apply --server-side -k" in line
+        assert kube.requests("post") == []
+
+
+def test_asking_for_an_api_the_cluster_lacks(tmp_path, job_file):
+    with serve(operator=True, trainer=False) as kube:
+        kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url, contexts={"dev": NS}, current="dev")
+        env = Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
+        result = env.orch("submit", str(job_file), "--api", "trainjob")
+        assert result.exit_code == 1
+        assert result.stderr.startswith(
+            "error: Kubeflow Trainer v2 (TrainJob CRD) is not installed in this cluster"
+        )
+        assert kube.requests("post") == []

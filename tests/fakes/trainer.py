@@ -116,7 +116,17 @@ class TrainerV2:
         return self.pods
 
     def restart(self, *, running: bool = True) -> list[str]:
-        """JobSet's failure policy restarts the whole JobSet: every pod is deleted and created anew."""
+        """JobSet's failure policy restarts the whole JobSet: every pod is deleted and created anew (only while
+        the runtime's `failurePolicy.maxRestarts` allows it; beyond that JobSet fails instead)."""
+        policy = (
+            (((self.runtime() or {}).get("spec") or {}).get("template") or {})
+            .get("spec", {})
+            .get("failurePolicy")
+        )
+        allowed = int((policy or {}).get("maxRestarts") or 0)
+        assert self.restart_attempt < allowed, (
+            f"the JobSet allows {allowed} restarts: it would fail, not restart"
+        )
         for pod in self.pods:
             self.kube.end_log(self.namespace, pod)  # the kubelet kills the containers: their logs end
             self.kube.delete(PODS, self.namespace, pod)
