@@ -47,12 +47,20 @@ DURATION = Duration()
 
 
 def cluster_options(fn: F) -> F:
-    """`--kubeconfig`, `--context`, `-n/--namespace`: which cluster and namespace, as with kubectl."""
-    fn = click.option(
-        "-n",
-        "--namespace",
-        help="Namespace. Default: the job file's namespace, else the context's, else `default`.",
-    )(fn)
+    """`--kubeconfig`, `--context`, `-n/--namespace`: which cluster and namespace, as with kubectl (commands
+    that take a job name: there is no job file to take a namespace from)."""
+    return _cluster_options(fn, "Namespace. Default: the context's namespace, else `default`.")
+
+
+def submit_cluster_options(fn: F) -> F:
+    """`cluster_options` for `submit`, whose job file may name the namespace."""
+    return _cluster_options(
+        fn, "Namespace. Default: the job file's namespace, else the context's, else `default`."
+    )
+
+
+def _cluster_options(fn: F, namespace_help: str) -> F:
+    fn = click.option("-n", "--namespace", help=namespace_help)(fn)
     fn = click.option("--context", help="Kubeconfig context to use (default: its current-context).")(fn)
     return click.option(
         "--kubeconfig",
@@ -121,7 +129,7 @@ def _ref(obj: dict[str, Any]) -> str:
 
 @click.command()
 @job_options
-@cluster_options
+@submit_cluster_options
 @click.option(
     "--dry-run",
     type=click.Choice(["client", "server"]),

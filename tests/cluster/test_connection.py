@@ -123,3 +123,10 @@ def test_render_piped_to_kubectl_apply_then_orch_reads_it(env, job_file):
     env.kube.set_conditions("team-a", "demo", ("Created", "True"))
     listed = env.orch("list", "-o", "json")
     assert '"name": "demo"' in listed.stdout and '"phase": "Created"' in listed.stdout
+
+
+@pytest.mark.parametrize("command", ["status", "list", "logs", "wait", "delete"])
+def test_namespace_help_of_commands_without_a_job_file(env, command):
+    help_text = " ".join(env.orch(command, "--help").stdout.split())
+    assert "-n, --namespace TEXT Namespace. Default: the context's namespace, else `default`." in help_text
+    assert "job file" not in help_text
