@@ -108,7 +108,7 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     """The objects that run `spec` on Kubernetes, in apply order: ConfigMap (train jobs only), the job
     (PyTorchJob; or TrainingRuntime + TrainJob), PodMonitor (when metrics are enabled). `name` overrides
     spec.name (e.g. a unique submit name); `api` overrides spec.api (pytorchjob | trainjob | auto)."""
-    from orchestrator.spec import api_problem
+    from orchestrator.spec import api_problem, trainjob_name_problem
 
     if not spec.image:
         raise SpecError("required to render or submit (the training image the pods run)", field="image")
@@ -117,6 +117,8 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
         raise SpecError(f"{chosen!r} is not one of auto, pytorchjob, trainjob", field="api")
     if problem := api_problem(spec, chosen):
         raise SpecError(problem[1], field=problem[0])
+    if chosen == "trainjob" and name and (too_long := trainjob_name_problem(name, spec.nodes)):
+        raise SpecError(too_long, field="name")
     context = _context(spec, name or spec.name)
     objects = []
     if spec.train is not None:

@@ -570,11 +570,25 @@ def api_problem(spec: JobSpec, api: str) -> tuple[str, str] | None:
             "TrainJob has no TTL (a JobSet TTL makes the controller re-run it, kubeflow/trainer#3737); "
             "remove it and `orch delete` finished jobs",
         )
+    if problem := trainjob_name_problem(spec.name, spec.nodes):
+        return "name", problem
     if reserved := sorted(set(spec.env) & set(TRAINJOB_RESERVED_ENV)):
         return "env", f"{reserved[0]} is set by Trainer v2's torch plugin; TrainJob refuses it in the env"
     if spec.runtime is not None:
         return _runtime_patch_problem(spec)
     return None
+
+
+def trainjob_name_problem(name: str, nodes: int) -> str | None:
+    """JobSet's webhook refuses a JobSet whose longest pod name, <name>-node-0-<index>-<5 random>, is not a
+    DNS-1035 label (at most 63 characters); the Trainer creates that JobSet after accepting the TrainJob."""
+    longest = f"{name}-node-0-{nodes - 1}-abcde"
+    if len(longest) <= 63:
+        return None
+    return (
+        f"{len(name)} characters is too long for a TrainJob of {nodes} nodes: JobSet names its pods "
+        f"<name>-node-0-<index>-<5 random> within 63 characters; use at most {63 - len(longest) + len(name)}"
+    )
 
 
 def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:

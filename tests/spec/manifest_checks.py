@@ -346,6 +346,22 @@ def objects_errors(objects: list[dict[str, Any]]) -> list[str]:
             else:
                 shape = runtimes.get(ref.get("name"))
             errors += [f"TrainJob: {e}" for e in trainjob_webhook_errors(obj, shape)]
+            errors += [f"TrainJob's JobSet: {e}" for e in jobset_name_errors(obj, shape)]
+    return errors
+
+
+def jobset_name_errors(job: dict[str, Any], runtime_shape: dict[str, set[str]] | None) -> list[str]:
+    """The JobSet webhook's name rules (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go ValidateCreate) on
+    the JobSet the Trainer creates for this TrainJob: named like it, each replicated job once (replicas 1),
+    the trainer's Indexed Job with numNodes completions. Job names <jobset>-<rjob>-<index> and the longest pod
+    name <jobset>-<rjob>-<index>-<pod index>-<5 random> must be DNS-1035 labels."""
+    name = job.get("metadata", {}).get("name", "")
+    nodes = ((job.get("spec") or {}).get("trainer") or {}).get("numNodes", 1)
+    errors = []
+    for rjob in runtime_shape or {}:
+        for generated in (f"{name}-{rjob}-0", f"{name}-{rjob}-0-{max(nodes - 1, 0)}-abcde"):
+            if len(generated) > 63 or not DNS1035_LABEL.match(generated):
+                errors.append(f"generated name {generated!r} is not a DNS-1035 label (<= 63 characters)")
     return errors
 
 

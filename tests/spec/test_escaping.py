@@ -174,13 +174,13 @@ def comparable(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fields=free_text_fields(), train=st.booleans())
-def test_user_strings_are_values_never_structure(fields, train):
+@given(fields=free_text_fields(), train=st.booleans(), api=st.sampled_from(["pytorchjob", "trainjob"]))
+def test_user_strings_are_values_never_structure(fields, train, api):
     tokens = Tokens()
     safe_fields = {name: tokens(value) for name, value in fields.items()}
 
-    rendered = render.render(job(fields, train=train))
-    expected = tokens.restore(comparable(render.render(job(safe_fields, train=train))))
+    rendered = render.render(job(fields, train=train), api=api)
+    expected = tokens.restore(comparable(render.render(job(safe_fields, train=train), api=api)))
     assert comparable(json.loads(json.dumps(rendered))) == expected
 
     # The CLI's serialisations hold exactly the same objects.

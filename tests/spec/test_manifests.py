@@ -177,6 +177,10 @@ TRAINJOB_MUTATIONS = {
         lambda o: _by_kind(o, "TrainJob")["metadata"].update(name="9lives"),
         "RFC 1035",
     ),
+    "TrainJob name too long for its JobSet's pod names": (
+        lambda o: _by_kind(o, "TrainJob")["metadata"].update(name="x" * 50),
+        "is not a DNS-1035 label (<= 63",
+    ),
     "runtime applied after the TrainJob": (lambda o: o.reverse(), "must be created before the TrainJob"),
     "runtimeRef to a runtime that is not rendered": (
         lambda o: _by_kind(o, "TrainJob")["spec"]["runtimeRef"].update(name="other"),

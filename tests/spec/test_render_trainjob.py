@@ -147,6 +147,23 @@ def test_what_a_trainjob_cannot_carry_is_one_line_naming_the_field(tmp_path, ext
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
+def test_a_name_too_long_for_the_jobsets_pod_names_is_refused(tmp_path):
+    """JobSet names pods <name>-node-0-<index>-<5 random> (<= 63): a 50-character name fits a PyTorchJob,
+    not a TrainJob; the error says how long it may be."""
+    job = tmp_path / "job.yaml"
+    job.write_text(BASE.replace("name: demo", "name: " + "a" * 50) + "nodes: 16\n")
+    result = orch("render", str(job), "--api", "trainjob")
+    assert result.returncode == 2 and result.stderr.startswith(
+        f"error: {job}:1:1: name: 50 characters is too long"
+    )
+    assert "use at most 47" in result.stderr
+    assert orch("render", str(job)).returncode == 0
+    spec = load(BASE + "nodes: 16\n", tmp_path)
+    with pytest.raises(SpecError, match="^name: 49 characters"):
+        render.render(spec, api="trainjob", name="b" * 49)  # a submit name is checked too
+    assert objects_errors(render.render(spec, api="trainjob", name="b" * 47)) == []
+
+
 def test_library_render_refuses_an_api_the_spec_cannot_use(tmp_path):
     spec = load(BASE + "nodes: 2\nelastic: {min_nodes: 1, max_nodes: 2}\n", tmp_path)
     with pytest.raises(SpecError, match=r"^elastic: TrainJob"):
