@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator import naming, status
 from orchestrator.cluster.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster, poll_seconds
-from orchestrator.cluster.errors import ClusterError, NotFound
+from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound
 from orchestrator.cluster.resources import EVENT, POD
 
 
@@ -41,14 +41,21 @@ class Job:
 
 
 def locate(cluster: Cluster, name: str, apis: tuple[JobAPI, ...] | None = None) -> Job:
-    """The job called `name`, asking each API in turn (a 404 means: not a job of that API, or not served)."""
+    """The job called `name`, asking each API in turn. A 404 means: not a job of that API, or the API is not
+    served; a 403 may mean the same to a user whose Role covers only the other API (the API server checks
+    access before it looks the resource up), so it is reported only if no API has the job."""
     apis = apis or all_apis()
     missing: NotFound | None = None
+    forbidden: Forbidden | None = None
     for api in apis:
         try:
             return Job(api, cluster.get(api.resource, name))
         except NotFound as e:
             missing = missing or e
+        except Forbidden as e:
+            forbidden = forbidden or e
+    if forbidden is not None:
+        raise forbidden
     if len(apis) == 1 and missing is not None:
         raise missing
     kinds = " or ".join(str(api.resource) for api in apis)
@@ -73,7 +80,7 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
 
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
     """orch's jobs (by its managed-by label) of every API the cluster serves, by namespace and name."""
-    jobs = []
+    jobs, refused = [], []
     for api in all_apis():
         try:
             found = cluster.list(
@@ -81,7 +88,12 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
             )
         except NotFound:  # this API is not installed
             continue
+        except Forbidden as e:  # not installed, or not granted: see locate()
+            refused.append(e)
+            continue
         jobs += [Job(api, obj) for obj in found]
+    if len(refused) == len(all_apis()):
+        raise refused[0]
     return sorted(jobs, key=lambda j: (j.obj["metadata"].get("namespace", ""), j.name, j.api.key))
 
 

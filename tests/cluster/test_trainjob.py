@@ -297,3 +297,20 @@ def test_asking_for_an_api_the_cluster_lacks(tmp_path, job_file):
             "error: Kubeflow Trainer v2 (TrainJob CRD) is not installed in this cluster"
         )
         assert kube.requests("post") == []
+
+
+def test_a_role_for_trainjobs_only_still_finds_and_lists_them(v2, job_file):
+    """The API server answers 403 before 404: a user allowed only TrainJobs is refused pytorchjobs."""
+    submit(v2, job_file)
+    refusal = 'pytorchjobs.kubeflow.org is forbidden: User "tester" cannot get resource "pytorchjobs"'
+    v2.kube.fail("get", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs(/demo)?", 403, times=100,
+                 message=refusal)  # fmt: skip
+    state = v2.orch("status", "demo", "-o", "json")
+    assert state.exit_code == 0, state.stderr
+    assert json.loads(state.stdout)["kind"] == "TrainJob"
+    listed = v2.orch("list", "-o", "json")
+    assert listed.exit_code == 0, listed.stderr
+    assert [(r["name"], r["kind"]) for r in json.loads(listed.stdout)] == [("demo", "TrainJob")]
+    v2.kube.fail("get", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/nope", 403, times=100)
+    missing = v2.orch("status", "nope")  # refused everywhere: the refusal is the answer, not "not found"
+    assert missing.exit_code == 1 and "forbidden: you may not get" in missing.stderr
