@@ -31,6 +31,12 @@ def test_every_example_renders_a_trainjob_the_cluster_accepts(example):
     kinds = [o["kind"] for o in objects]
     assert kinds.index("TrainingRuntime") < kinds.index("TrainJob")
     assert objects_errors(objects) == []
+    # The ClusterTrainingRuntime CRD (cluster-scoped, no namespace) accepts the same spec: the two kinds share
+    # it, so the checks hold for either.
+    runtime = copy.deepcopy(next(o for o in objects if o["kind"] == "TrainingRuntime"))
+    runtime["kind"] = "ClusterTrainingRuntime"
+    runtime["metadata"].pop("namespace", None)
+    assert cluster_errors(runtime) == []
 
 
 def test_examples_cover_the_renderer():
