@@ -116,6 +116,10 @@ def summary(spec: JobSpec) -> list[str]:
         lines.append(f"command: {shlex.join(spec.command or [])}")  # the spec requires train or command
     if spec.elastic is not None:
         lines.append(f"elastic: {spec.elastic.min_nodes}..{spec.elastic.max_nodes} nodes")
+    elif spec.restart.policy == "job":
+        lines.append(
+            f"restart: the whole job together on any failure, at most {spec.restart.max_restarts} times"
+        )
     lines.append(f"image: {spec.image or '(none: set image to render or submit)'}")
     return lines
 
