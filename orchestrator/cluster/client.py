@@ -21,6 +21,7 @@ from orchestrator.cluster.errors import (
     ClusterUnreachable,
     Forbidden,
     NotFound,
+    Unauthorized,
 )
 from orchestrator.cluster.resources import (
     CONFIGMAP,
@@ -272,7 +273,7 @@ class Cluster:
         where = f'in namespace "{self.namespace}"'
         said = _status_message(e)
         if e.status == 401:
-            return Forbidden(
+            return Unauthorized(
                 f"unauthorized: the API server at {self.server} rejected orch's credentials "
                 f"({verb} {what}): {said}. Check the kubeconfig user/token (is it expired?)"
             )

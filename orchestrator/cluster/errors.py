@@ -25,6 +25,10 @@ class Forbidden(ClusterError):
     """401/403: the credentials were rejected or lack a permission."""
 
 
+class Unauthorized(Forbidden):
+    """401: the credentials were rejected (whatever the request: no other API will do better)."""
+
+
 class NotFound(ClusterError):
     pass
 

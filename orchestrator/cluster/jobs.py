@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator import naming, status
 from orchestrator.cluster.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster, poll_seconds
-from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound
+from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
 from orchestrator.cluster.resources import EVENT, POD
 
 
@@ -52,6 +52,8 @@ def locate(cluster: Cluster, name: str, apis: tuple[JobAPI, ...] | None = None) 
             return Job(api, cluster.get(api.resource, name))
         except NotFound as e:
             missing = missing or e
+        except Unauthorized:
+            raise
         except Forbidden as e:
             forbidden = forbidden or e
     if forbidden is not None:
@@ -88,6 +90,8 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
             )
         except NotFound:  # this API is not installed
             continue
+        except Unauthorized:
+            raise
         except Forbidden as e:  # not installed, or not granted: see locate()
             refused.append(e)
             continue
