@@ -186,11 +186,27 @@ class ScheduleSpec(Model):
 
 
 class CheckpointSpec(Model):
+    # `async` is a Python keyword: the field is async_, read and written as `async`.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, populate_by_name=True, serialize_by_alias=True
+    )
+
     dir: str | None = None
-    """None: <output dir>/checkpoints. A relative path is taken under the output dir."""
+    """None: <output dir>/checkpoints. A relative path is taken under the output dir. Every rank reads
+    and writes its part here: on more than one node, a volume all pods share."""
     every_steps: Annotated[int, Field(ge=0)] = 200
     """0: only at the end."""
     keep: PositiveInt = 2
+    """Complete (verified) checkpoints kept; ones that do not verify are neither counted nor deleted."""
+    async_: bool = Field(False, alias="async")
+    """Write in the background (torch.distributed.checkpoint.async_save): training waits only for the
+    state to be copied in memory."""
+
+
+class FsdpSpec(Model):
+    reshard_after_forward: bool = True
+    """Free each unit's gathered parameters after its forward and gather them again for the backward
+    (less memory, one more all-gather per unit); False keeps them until the backward."""
 
 
 class TrainSpec(Model):
@@ -211,6 +227,10 @@ class TrainSpec(Model):
     eval_every: Annotated[int, Field(ge=0)] = 100
     """Optimizer steps between evaluations; 0: only at the end."""
     checkpoint: CheckpointSpec = CheckpointSpec()
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: every rank holds the whole model; fsdp: parameters, gradients and optimizer state sharded
+    over the ranks (torch FSDP2). Same mathematics; see docs/trainer.md."""
+    fsdp: FsdpSpec = FsdpSpec()
     nonfinite_loss: Literal["stop", "skip"] = "stop"
     tf32: bool = True
     cuda_alloc_conf: str = "expandable_segments:True"

@@ -1,68 +1,198 @@
-"""Checkpoints that survive a kill at any moment.
+"""Distributed checkpoints (torch.distributed.checkpoint) that survive a kill at any moment.
 
-Rank 0 writes `step-00000120.pt` after a barrier (every rank has finished the step): first to a hidden
-temporary file in the same directory, then fsync, rename over the final name (atomic on POSIX) and fsync
-of the directory, so a checkpoint file is either complete or absent. Only the newest `keep` are kept.
-On start rank 0 loads the newest checkpoint that loads completely (torn or foreign files are skipped)
-and broadcasts it, so other nodes need not share rank 0's volume.
+A checkpoint is a directory `step-00000120/`:
 
-A checkpoint holds the unwrapped model, optimizer, LR scheduler and GradScaler states, the step (which is
-also the data position, see data.py), and the RNG states of every rank (CPU, CUDA, Python, NumPy).
+    .metadata, __0_0.distcp, __1_0.distcp ...   DCP: every rank writes its part (its shards under FSDP;
+                                                under DDP the replicated tensors are spread over the ranks)
+    train.pt                                    step, counters, LR-schedule and GradScaler states, the RNG
+                                                states of every rank (plain values: loads with weights_only)
+    orch-checkpoint.json                        the completion marker: format, step, world size, mode and
+                                                the size of every file above; written last
+
+It is written as `.step-00000120.tmp/` and renamed into place by rank 0 once every rank's files and the
+marker are on disk (fsync'ed), so a `step-*` directory is complete or absent; a `.tmp` left by a kill is
+removed at the next start. A checkpoint *verifies* when its marker parses and every file it lists is there
+with its size. Rotation keeps the newest `keep` checkpoints that verify and never counts (or deletes) one
+that does not; resume takes the newest checkpoint that verifies on every rank, and refuses to start from
+step 0 when checkpoints exist but none verifies.
+
+On resume every rank reads its own part from the shared directory (DCP reshards: a checkpoint written by
+4 ranks loads on 2, under DDP and FSDP alike); nothing is broadcast from rank 0. All ranks must therefore
+see the same checkpoint directory: any local directory on one node, a shared volume across nodes.
+
+Single-file checkpoints of earlier versions (`step-00000120.pt`, format orch-checkpoint/1) still resume:
+every rank reads the file (memory-mapped) and takes its part of the full state.
+
+Loading a checkpoint outside orch: see docs/trainer.md ("Loading a checkpoint outside orch").
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import random
 import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
-FORMAT = "orch-checkpoint/1"
-NAME = re.compile(r"^step-(\d{8})\.pt$")
+FORMAT = "orch-checkpoint/2"
+LEGACY_FORMAT = "orch-checkpoint/1"
+MARKER = "orch-checkpoint.json"
+TRAIN_STATE = "train.pt"
+NAME = re.compile(r"^step-(\d{8})$")
+LEGACY_NAME = re.compile(r"^step-(\d{8})\.pt$")
+TMP = re.compile(r"^\.step-\d{8}(\.pt)?\.tmp$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or no checkpoint could be resumed from; the message says why."""
 
 
 def path_for(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}"
+
+
+def legacy_path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}.pt"
 
 
+def _step_of(path: Path) -> int | None:
+    match = NAME.match(path.name) or LEGACY_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoint files (temporaries excluded), newest first."""
+    """Every checkpoint by name (directories and legacy files, temporaries excluded), newest first.
+    Names only: see `verify` for whether one is complete."""
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+    found = [p for p in directory.iterdir() if _step_of(p) is not None]
+    # the same step in both forms: the directory (written by this version) first
+    return sorted(found, key=lambda p: (_step_of(p), p.is_dir()), reverse=True)  # type: ignore[arg-type,return-value]
+
+
+def verify(path: Path) -> str | None:
+    """None when the checkpoint is complete, else why not (one short phrase)."""
+    if path.is_dir():
+        try:
+            marker = json.loads((path / MARKER).read_text())
+        except FileNotFoundError:
+            return f"no {MARKER} (an incomplete write)"
+        except (OSError, ValueError) as error:
+            return f"unreadable {MARKER} ({error})"
+        if not isinstance(marker, dict) or marker.get("format") != FORMAT:
+            return f"{MARKER} is not {FORMAT}"
+        for name, size in dict(marker.get("files") or {}).items():
+            try:
+                actual = (path / name).stat().st_size
+            except OSError:
+                return f"{name} is missing"
+            if actual != size:
+                return f"{name} has {actual} bytes, {size} were written"
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # a truncated or foreign file
+        return f"does not load ({type(error).__name__})"
+    if not isinstance(state, dict) or state.get("format") != LEGACY_FORMAT:
+        return f"not an orch checkpoint ({LEGACY_FORMAT})"
+    return None
+
+
+def newest_valid(directory: Path) -> tuple[Path | None, dict[str, str]]:
+    """The newest checkpoint that verifies (or None) and the reasons of the newer ones that do not."""
+    invalid: dict[str, str] = {}
+    for path in list_checkpoints(directory):
+        reason = verify(path)
+        if reason is None:
+            return path, invalid
+        invalid[path.name] = reason
+    return None, invalid
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def write_atomic(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temporary file, fsync, rename into place, fsync the directory."""
+    """torch.save to a temporary file, fsync, rename into place, fsync the directory (model.pt)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as file:
-        torch.save(state, file)
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
         file.flush()
         os.fsync(file.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
+
+
+def _finalize(tmp: Path, final: Path, *, step: int, world_size: int, mode: str) -> None:
+    """Rank 0, once every rank's files are written: list them, write the marker, rename into place."""
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    marker = {"format": FORMAT, "step": step, "world_size": world_size, "parallel": mode, "files": files}
+    _write_file(tmp / MARKER, (json.dumps(marker, indent=1) + "\n").encode())
+    fsync_dir(tmp)
+    if final.exists():  # the same step written again (a run resumed from an earlier checkpoint)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+# torch.save's zip writer reports a short write (ENOSPC underneath) as "unexpected pos N vs M".
+SHORT_WRITE = "unexpected pos"
+NEARLY_FULL = 16 * 2**20
+
+
+def _describe(error: BaseException, directory: Path) -> str:
+    """One phrase for a failed write; a full disk says so whichever rank and layer noticed it."""
+    text = str(error)
     try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def load_newest(directory: Path) -> tuple[dict[str, Any], Path] | tuple[None, None]:
-    """The newest checkpoint that loads and is ours; (None, None) when there is none."""
-    for path in list_checkpoints(directory):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # a truncated or corrupt file: fall back to the previous one
-            continue
-        if isinstance(state, dict) and state.get("format") == FORMAT:
-            return state, path
-    return None, None
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    chain: list[BaseException] = [error]
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: {rank: exception}
+    if isinstance(failures, dict):
+        chain += [f for f in failures.values() if isinstance(f, BaseException)]
+    for item in chain:
+        cause: BaseException | None = item
+        while cause is not None:
+            if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+                return "no space left on device"
+            cause = cause.__cause__ or cause.__context__
+    if "No space left on device" in text or "ENOSPC" in text:
+        return "no space left on device"
+    if SHORT_WRITE in text:
+        if free is not None and free < NEARLY_FULL:
+            return "no space left on device"
+        return "a file was cut short while writing (a full disk or quota?)"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first[:300]
 
 
 def rng_state() -> dict[str, Any]:
@@ -89,46 +219,207 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(state["cuda"]), dtype=torch.uint8))
 
 
-class Checkpointer:
-    """Saves every `every_steps` and at the end, keeps `keep`, resumes from the newest valid one."""
+@dataclass
+class Resumed:
+    """What a resume found: the training state beside the model and optimizer (already loaded)."""
 
-    def __init__(self, directory: Path, *, every_steps: int, keep: int, rank: int, world_size: int) -> None:
+    path: Path
+    step: int
+    state: dict[str, Any]
+    """train.pt: step, counters, scheduler, scaler, world_size, rng (one per saving rank)."""
+
+
+class Checkpointer:
+    """Saves every `every_steps` and at the end, keeps `keep` that verify, resumes from the newest valid."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        every_steps: int,
+        keep: int,
+        rank: int,
+        world_size: int,
+        mode: str = "ddp",
+        async_save: bool = False,
+    ) -> None:
         self.directory, self.every_steps, self.keep = directory, every_steps, keep
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.mode = rank, world_size, mode
+        self.async_save = async_save
+        self._pending: tuple[Any, Path, Path, int] | None = None  # (future, tmp, final, step)
+        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
         if rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
-            for leftover in directory.glob(".step-*.pt.tmp"):  # from a write that was killed
-                leftover.unlink()
+            for leftover in directory.iterdir():  # from writes that were killed
+                if TMP.match(leftover.name):
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        if dist.is_initialized():
+            dist.barrier()  # nobody looks at the directory before it is clean
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        """Collective: every rank calls it (for the barrier and its RNG state); rank 0 writes."""
-        dist.barrier()
+    # --- save ----------------------------------------------------------------------------------
+
+    def save(self, step: int, *, module: Any, optimizer: Any, train_state: dict[str, Any]) -> None:
+        """Collective: every rank calls it and writes its part; rank 0 finalizes and rotates.
+
+        `train_state` (counters, scheduler, scaler) must be the same on every rank; the RNG states of
+        every rank are added here. With async saves, returns once the state is staged in memory.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.wait()  # one write in flight at a time
+        final = path_for(self.directory, step)
+        tmp = self.directory / f".{final.name}.tmp"
         rng_states: list[Any] = [None] * self.world_size
         dist.all_gather_object(rng_states, rng_state())
+        model_state, optimizer_state = get_state_dict(module, optimizer)
+        extra = {**train_state, "step": step, "world_size": self.world_size, "parallel": self.mode,
+                 "rng": rng_states}  # fmt: skip
+        error: BaseException | None = None
+        try:
+            if self.rank == 0:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            dist.barrier()
+            state = {"model": model_state, "optimizer": optimizer_state}
+            if self.async_save:
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group)
+                if self.rank == 0:
+                    _write_file(tmp / TRAIN_STATE, _to_bytes(extra))
+                self._pending = (future, tmp, final, step)
+                return
+            dcp.save(state, checkpoint_id=str(tmp))
+            if self.rank == 0:
+                _write_file(tmp / TRAIN_STATE, _to_bytes(extra))
+                _finalize(tmp, final, step=step, world_size=self.world_size, mode=self.mode)
+                self._rotate()
+        except (Exception, CheckpointException) as caught:  # (DCP's is a BaseException)
+            error = caught
+        self._agree(error, tmp, step)  # collective: every rank learns whether the save held
+
+    def _agree(self, error: BaseException | None, tmp: Path, step: int) -> None:
+        """Every rank ends the save the same way: complete, or failed with one clear message."""
+        outcome: list[Any] = [None if error is None else _describe(error, self.directory)]
+        reasons: list[Any] = [None] * self.world_size
+        dist.all_gather_object(reasons, outcome[0])
+        failed = next((r for r in reasons if r is not None), None)
+        if failed is None:
+            return
         if self.rank == 0:
-            write_atomic(
-                path_for(self.directory, step),
-                {**state, "format": FORMAT, "step": step, "world_size": self.world_size, "rng": rng_states},
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"checkpoint at step {step}: could not write {self.directory}: {failed}; free space there "
+            "(or point train.checkpoint.dir elsewhere) and run again: training resumes from the last "
+            "complete checkpoint"
+        ) from error
+
+    def poll(self) -> None:
+        """Async saves: put a finished write in place (rank 0, no collective). Cheap; call every step."""
+        if self._pending is None or not self._pending[0].done():
+            return
+        self._finish_pending()
+
+    def wait(self) -> None:
+        """Async saves: block until the write in flight is on disk and in place."""
+        if self._pending is not None:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        assert self._pending is not None
+        future, tmp, final, step = self._pending
+        self._pending = None
+        try:
+            future.result()
+            if self.rank == 0:
+                _finalize(tmp, final, step=step, world_size=self.world_size, mode=self.mode)
+                self._rotate()
+        except (Exception, CheckpointException) as error:
+            reason = _describe(error, self.directory)
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"checkpoint at step {step}: could not write {self.directory}: {reason}; free "
+                "space there (or point train.checkpoint.dir elsewhere) and run again"
+            ) from error
+
+    def _rotate(self) -> None:
+        """Keep the newest `keep` checkpoints that verify; what does not verify is neither counted nor
+        deleted (it may be all a user has left)."""
+        kept = 0
+        for path in list_checkpoints(self.directory):
+            if verify(path) is not None:
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def load(self, *, module: Any, optimizer: Any) -> Resumed | None:
+        """Collective: the newest checkpoint that verifies on every rank, loaded into module and
+        optimizer by every rank from its own reading of the directory. None: there is no checkpoint.
+        Raises CheckpointError when checkpoints exist but none can be used."""
+        mine, invalid = newest_valid(self.directory)
+        views: list[Any] = [None] * self.world_size
+        dist.all_gather_object(views, (str(mine) if mine else None, invalid))
+        chosen = [v[0] for v in views]
+        if all(c is None for c in chosen):
+            if views[0][1]:
+                listing = "; ".join(f"{name}: {why}" for name, why in views[0][1].items())
+                raise CheckpointError(
+                    f"no checkpoint in {self.directory} can be resumed from ({listing}); move them "
+                    "away to start from step 0"
+                )
+            return None
+        if len(set(chosen)) > 1:
+            blind = [rank for rank, c in enumerate(chosen) if c != chosen[0]]
+            raise CheckpointError(
+                f"ranks disagree on the newest checkpoint in {self.directory} (rank 0: {chosen[0]}, "
+                f"ranks {blind}: other): every rank must see the same checkpoint directory; on more than "
+                "one node, put train.checkpoint.dir on a volume every pod mounts"
             )
-            for old in list_checkpoints(self.directory)[self.keep :]:
-                old.unlink()
-        # Nobody leaves before the file is in place: a rank killed right after this call must find it.
-        dist.barrier()
+        path = Path(chosen[0])
+        if path.is_dir():
+            state = self._load_dcp(path, module, optimizer)
+        else:
+            state = self._load_legacy(path, module, optimizer)
+        return Resumed(path=path, step=int(state["step"]), state=state)
 
-    def load(self) -> tuple[dict[str, Any] | None, str | None]:
-        """Rank 0 reads the newest valid checkpoint and sends it to every rank.
+    def _load_dcp(self, path: Path, module: Any, optimizer: Any) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        Only rank 0's storage matters: in a multi-node job the other pods need not see its volume.
-        """
-        found: list[Any] = [None, None]
-        if self.rank == 0:
-            state, path = load_newest(self.directory)
-            found = [state, str(path) if path else None]
-        dist.broadcast_object_list(found, src=0)
-        return found[0], found[1]
+        model_state, optimizer_state = get_state_dict(module, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(path))  # each rank reads what its shards need
+        set_state_dict(
+            module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+        return torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
+
+    def _load_legacy(self, path: Path, module: Any, optimizer: Any) -> dict[str, Any]:
+        """orch-checkpoint/1: one torch.save file of full states (optimizer keyed by parameter index)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        names = [name for name, _ in module.named_parameters()]  # the optimizer's order: parameters()
+        optim = old["optimizer"]
+        optimizer_state = {
+            "state": {names[index]: value for index, value in optim["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[index] for index in group["params"]]}
+                for group in optim["param_groups"]
+            ],
+        }
+        set_state_dict(
+            module, optimizer, model_state_dict=old["model"], optim_state_dict=optimizer_state,
+            options=StateDictOptions(full_state_dict=True),
+        )  # fmt: skip
+        return {key: old[key] for key in ("step", "world_size", "rng", "scheduler", "scaler", "counters")}
 
     def restore_rng(self, state: dict[str, Any], seed: int) -> None:
         """Each rank continues its own random streams; with a new world size, fresh streams per rank."""
@@ -136,6 +427,38 @@ class Checkpointer:
             set_rng_state(state["rng"][self.rank])
         else:
             seed_everything(seed + 7919 * state["step"], self.rank)
+
+    def close(self) -> None:
+        self.wait()
+
+
+def full_model_state(module: Any) -> dict[str, torch.Tensor]:
+    """Collective: the whole model as a plain state dict of CPU tensors on rank 0 ({} elsewhere under
+    FSDP). What model.pt holds: `torch.load("model.pt")` works on any machine, without orch."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {name: tensor.detach().cpu() for name, tensor in state.items()}
+
+
+def read_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The model of a checkpoint directory as a plain state dict of full tensors, read by one process
+    without a process group (torch's dcp_to_torch_save: whatever world size and mode wrote it)."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(str(path), str(Path(scratch) / "full.pt"))
+        return torch.load(Path(scratch) / "full.pt", weights_only=True)["model"]
+
+
+def _to_bytes(value: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
 
 
 def seed_everything(seed: int, rank: int) -> None:

@@ -25,7 +25,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     totals: dict[str, float] = {"samples": 0.0}
+    forwards, last = 0, None
     for inputs, targets in batches:
+        forwards, last = forwards + 1, inputs
         inputs, targets = inputs.to(device), targets.to(device)
         with autocast():
             outputs = model(inputs)
@@ -35,6 +37,7 @@ def evaluate(
         totals["samples"] += count
         for name, value in values.items():
             totals[name] = totals.get(name, 0.0) + value * count
+    _forward_in_lockstep(model, forwards, last, autocast, device)
     model.train(was_training)
     # Small host-side dicts: ranks with no samples contribute nothing and need not know the metric names.
     gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
@@ -45,3 +48,26 @@ def evaluate(
             combined[name] = combined.get(name, 0.0) + value
     samples = combined.pop("samples")
     return {name: value / samples for name, value in combined.items()} if samples else {}
+
+
+def _forward_in_lockstep(
+    model: nn.Module, count: int, last: Any, autocast: Any, device: torch.device
+) -> None:
+    """FSDP: every forward all-gathers parameters, so every rank must run as many forwards as the rank
+    with the most eval batches (the sharded eval set differs by one batch at most): repeat the last one
+    and discard it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return
+    counts = torch.tensor([count, -count], device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if most and not fewest:
+        raise ValueError(
+            f"train.parallel fsdp: the eval set is smaller than the world size {dist.get_world_size()} "
+            "(a rank has no eval sample): use more eval samples"
+        )
+    for _ in range(most - count):
+        with autocast():
+            model(last.to(device))

@@ -77,9 +77,8 @@ def train(
 ) -> None:
     """Build everything, resume, run the loop, write the results. Collective: every rank calls it."""
     import torch
-    from torch.nn.parallel import DistributedDataParallel
 
-    from orchestrator.trainer import checkpoint, data, precision, report
+    from orchestrator.trainer import checkpoint, data, parallel, precision, report
     from orchestrator.trainer.evaluate import evaluate
     from orchestrator.trainer.schedule import Scheduler
     from orchestrator.trainer.step import train_step
@@ -98,13 +97,17 @@ def train(
         len(cast(Sized, task.train_dataset)), cfg.batch_size, micro, world.world_size, cfg.seed
     )
     max_steps = cfg.max_steps or (cfg.epochs or 1) * layout.steps_per_epoch
-    compiled = torch.compile(module) if cfg.compile else module  # compile first, then wrap (nanoGPT)
-    model = DistributedDataParallel(
-        compiled, device_ids=[world.device.index] if world.device.type == "cuda" else None
-    )
+    # DDP or FSDP (parallel.py); under FSDP `module`'s parameters are now this rank's shards.
+    wrapped = parallel.wrap(
+        module, mode=cfg.parallel, device=world.device, world_size=world.world_size,
+        precision=cfg.precision, compile=cfg.compile, shard_units=task.shard_units,
+        reshard_after_forward=cfg.fsdp.reshard_after_forward,
+    )  # fmt: skip
+    model = wrapped.model
     optimizer = build_optimizer(module, cfg.optimizer, fused=world.device.type == "cuda")
+    memory = parallel.MemoryMeter(module, optimizer, world.device, publish=meter.set_memory)
     scheduler = Scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, max_steps)
-    scaler = precision.grad_scaler(cfg.precision, world.device)
+    scaler = parallel.grad_scaler(cfg.precision, world.device, cfg.parallel)
     autocast = precision.autocast(cfg.precision, world.device)
     checkpoints = checkpoint.Checkpointer(
         checkpoint_dir(output_dir, cfg.checkpoint.dir),
@@ -112,24 +115,25 @@ def train(
         keep=cfg.checkpoint.keep,
         rank=world.rank,
         world_size=world.world_size,
+        mode=cfg.parallel,
+        async_save=cfg.checkpoint.async_,
     )
     meter.set_restart_count(world.restart_count)
 
     # --- resume -----------------------------------------------------------------------------------
     step, counters, resumed_from = 0, None, None
-    state, state_path = checkpoints.load()
-    if state is not None:
-        module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        counters = state["counters"]
-        step = resumed_from = state["step"]
-        checkpoints.restore_rng(state, cfg.seed)
-        reporter.say(f"resumed from {state_path} at step {step}")
+    # Every rank reads its own part of the newest complete checkpoint (model and optimizer loaded here).
+    resumed = checkpoints.load(module=module, optimizer=optimizer)
+    if resumed is not None:
+        scheduler.load_state_dict(resumed.state["scheduler"])
+        scaler.load_state_dict(resumed.state["scaler"])
+        counters = resumed.state["counters"]
+        step = resumed_from = resumed.step
+        checkpoints.restore_rng(resumed.state, cfg.seed)
+        reporter.say(f"resumed from {resumed.path} at step {step}")
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
-    del state
+    del resumed
     samples_per_rank = micro * layout.accumulation
     work = report.Workload(
         samples=samples_per_rank,
@@ -141,14 +145,13 @@ def train(
         counters=counters,
     )  # fmt: skip
 
-    def snapshot() -> dict[str, Any]:
-        return {
-            "model": module.state_dict(),
-            "optimizer": optimizer.state_dict(),
+    def save_checkpoint() -> None:
+        train_state = {
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
             "counters": progress.counters(),
         }
+        checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
 
     eval_batches = (
         data.eval_loader(task.eval_dataset, rank=world.rank, world_size=world.world_size, batch_size=micro)
@@ -203,12 +206,14 @@ def train(
             watched = results.get("loss", progress.last_loss)
             if watched is not None and scheduler.observe_loss(watched):
                 reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
+        checkpoints.poll()  # async saves: a finished write is put in place
         if checkpoints.due(step) and step < max_steps:
-            checkpoints.save(step, snapshot())
+            save_checkpoint()
 
     # --- the end: final checkpoint, evaluation, summary, model ------------------------------------
     if resumed_from != max_steps:
-        checkpoints.save(step, snapshot())
+        save_checkpoint()
+    checkpoints.close()  # async: the last write is on disk and in place
     results = run_eval()
     if results:
         reporter.evaluation(step=step, results=results)
@@ -218,9 +223,12 @@ def train(
         tokens_per_sample=task.tokens_per_sample, results=results, loss_scale=precision.loss_scale(scaler),
         resumed_from=resumed_from, restarts=world.restart_count, wall_seconds=time.perf_counter() - started,
     )  # fmt: skip
+    summary["parallel"] = cfg.parallel
+    summary["memory"] = memory_over_ranks(memory.report())
+    final_model = checkpoint.full_model_state(module)  # collective under FSDP: gathered to rank 0
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_atomic(output_dir / "model.pt", module.state_dict())
+        checkpoint.write_atomic(output_dir / "model.pt", final_model)
         report.write_json(output_dir / "summary.json", summary)
         reporter.done(summary, summary_file=output_dir / "summary.json")
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
@@ -242,6 +250,16 @@ def build_optimizer(module: torch.nn.Module, cfg: OptimizerSpec, *, fused: bool)
         weight_decay=cfg.weight_decay,
         fused=fused or None,
     )
+
+
+def memory_over_ranks(mine: dict[str, int | None]) -> dict[str, int | None]:
+    """Per-rank memory (bytes of parameters, gradients, optimizer state as held; CUDA peak), the largest
+    over the ranks: the rank that decides whether the job fits. A collective."""
+    import torch.distributed as torch_dist
+
+    reports: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(reports, mine)
+    return {key: max((r[key] for r in reports if r[key] is not None), default=None) for key in mine}
 
 
 def checkpoint_dir(output_dir: Path, configured: str | None) -> Path:

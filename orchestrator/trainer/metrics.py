@@ -181,6 +181,8 @@ class Meter(Protocol):
 
     def set_restart_count(self, count: int) -> None: ...
 
+    def set_memory(self, **bytes_by_kind: int | None) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -194,6 +196,9 @@ class NullMetrics:
 
     def set_restart_count(self, count: int) -> None:
         pass
+
+    def set_memory(self, **bytes_by_kind: int | None) -> None:
+        """Bytes of parameters, gradients and optimizer state this rank holds (FSDP: its shards)."""
 
     def close(self) -> None:
         pass
@@ -268,6 +273,14 @@ class PrometheusMetrics(NullMetrics):
         self._flops = counter("orch_train_flops", "Model floating-point operations this rank computed")
         self._mfu = gauge("orch_train_mfu_ratio", "Model FLOPs utilisation of the last step (0-1)")
         self._restarts = gauge("orch_train_elastic_restarts", "Elastic restarts of the worker group so far")
+        self._state_bytes = Gauge(
+            "orch_train_state_bytes",
+            "Bytes of training state this rank holds, by kind (parameter, gradient, optimizer; FSDP: shards)",
+            [*names, "kind"],
+            registry=None,
+            multiprocess_mode="livemostrecent",
+        )
+        self._labels = labels
         if peak_flops:
             gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(peak_flops)
         if self._cuda:
@@ -399,6 +412,11 @@ class PrometheusMetrics(NullMetrics):
 
     def set_restart_count(self, count: int) -> None:
         self._restarts.set(count)
+
+    def set_memory(self, **bytes_by_kind: int | None) -> None:
+        for key, value in bytes_by_kind.items():
+            if key.endswith("_bytes") and value is not None and not key.startswith("peak"):
+                self._state_bytes.labels(**self._labels, kind=key.removesuffix("_bytes")).set(value)
 
     def close(self) -> None:
         if self._gpu is not None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
+from torch import nn
+
+from orchestrator.trainer import parallel
 
 
 @dataclass
@@ -28,7 +30,7 @@ class StepResult:
 
 
 def train_step(
-    model: DistributedDataParallel,
+    model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     batches: Iterator[Any],
@@ -47,10 +49,10 @@ def train_step(
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         data_wait += time.perf_counter() - started
-        # Gradients are all-reduced only on the last micro-step. The forward pass must be inside
-        # no_sync() too, or DDP still synchronises (torch DistributedDataParallel.no_sync docs).
+        # Gradients are reduced only on the last micro-step (DDP: all-reduce; FSDP: reduce-scatter). The
+        # forward pass must be inside no_sync() too, or DDP still synchronises (DDP.no_sync docs).
         sync = micro_step == accumulation - 1
-        with nullcontext() if sync else model.no_sync():
+        with nullcontext() if sync else parallel.no_sync(model):
             with autocast():
                 # Divided by the accumulation so the summed gradient is the mean over the global batch
                 # (DDP already averages over ranks).
@@ -63,6 +65,7 @@ def train_step(
     scaler.unscale_(optimizer)
     parameters = [p for p in model.parameters() if p.grad is not None]
     norm = clip_grad_norm(parameters, grad_clip) if grad_clip else total_norm(parameters)
+    norm = parallel.full_norm(norm)  # FSDP: the shards' partial norms combined (same on every rank)
     # The one host sync of the step: whether the update may happen. The norm is of the all-reduced
     # gradient, so every rank takes the same decision. It is not finite exactly when a gradient is not,
     # which under fp16 is what unscale_ just recorded as an overflow.

@@ -1,68 +1,274 @@
-"""Checkpoint files: atomic writes, a kill during a write, corrupt files skipped, keep-last-K, RNG."""
+"""Distributed checkpoints: atomic directories, verification, rotation, a kill during a save, a full disk,
+legacy single-file checkpoints, async saves, RNG states.
+
+A real gloo process group of one (the multi-rank and resharding cases run through `orch run` in
+test_fsdp.py); the full disk is a real tmpfs of a few kilobytes (needs mount rights: skipped otherwise).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
+import uuid
+from pathlib import Path
 
+import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from orchestrator.trainer import checkpoint
+from orchestrator.trainer import checkpoint, parallel
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def state(step: int, size: int = 4) -> dict:
-    return {"format": checkpoint.FORMAT, "step": step, "model": {"w": torch.full((size,), float(step))}}
+@pytest.fixture
+def group(tmp_path_factory):
+    store = tmp_path_factory.mktemp("store") / "store"  # not in tmp_path, whose listing the tests check
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
-def test_newest_valid_checkpoint_wins_and_torn_files_are_skipped(tmp_path):
-    for step in (10, 20):
-        checkpoint.write_atomic(checkpoint.path_for(tmp_path, step), state(step))
-    # A newer file cut short (as a disk-full or a non-atomic writer would leave it) and a foreign one.
-    good = checkpoint.path_for(tmp_path, 20).read_bytes()
-    checkpoint.path_for(tmp_path, 30).write_bytes(good[: len(good) // 2])
-    torch.save({"not": "ours"}, checkpoint.path_for(tmp_path, 40))
-    loaded, path = checkpoint.load_newest(tmp_path)
-    assert path == checkpoint.path_for(tmp_path, 20) and loaded["step"] == 20
-    assert torch.equal(loaded["model"]["w"], torch.full((4,), 20.0))
+def trained(seed: int = 0, mode: str = "ddp", width: int = 8):
+    """A wrapped model and an AdamW that has taken one step (so it has state)."""
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 2))
+    wrapped = parallel.wrap(module, mode=mode, device=torch.device("cpu"), world_size=1)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    wrapped.model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return module, optimizer
 
 
-def test_no_checkpoint_directory_means_a_fresh_start(tmp_path):
-    assert checkpoint.load_newest(tmp_path / "missing") == (None, None)
+def checkpointer(directory: Path, keep: int = 2, **kwargs) -> checkpoint.Checkpointer:
+    return checkpoint.Checkpointer(directory, every_steps=10, keep=keep, rank=0, world_size=1, **kwargs)
 
 
-def test_a_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
-    # A real process writes step 10, then starts a large step-20 write; we SIGKILL it mid-write.
-    script = textwrap.dedent(f"""
-        import sys, torch
-        sys.path.insert(0, {REPO_ROOT!r})
-        from pathlib import Path
-        from orchestrator.trainer import checkpoint
-        d = Path({str(tmp_path)!r})
-        checkpoint.write_atomic(checkpoint.path_for(d, 10), {{"format": checkpoint.FORMAT, "step": 10}})
-        print("first done", flush=True)
-        big = [torch.randn(4_000_000) for _ in range(20)]  # 320 MB: the write takes a while
-        checkpoint.write_atomic(checkpoint.path_for(d, 20), {{"format": checkpoint.FORMAT, "step": 20, "t": big}})
-        print("second done", flush=True)
-    """)
+TRAIN_STATE = {"scheduler": {"plateau": {}}, "scaler": {}, "counters": {"skipped_steps": 0, "last_loss": 1.5}}
+
+
+def full_state(module) -> dict:
+    return {k: v.clone() for k, v in checkpoint.full_model_state(module).items()}
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_save_then_load_restores_model_optimizer_and_state(tmp_path, group, mode):
+    module, optimizer = trained(0, mode)
+    saver = checkpointer(tmp_path, mode=mode)
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    path = checkpoint.path_for(tmp_path, 10)
+    assert sorted(p.name for p in path.iterdir()) == [
+        ".metadata", "__0_0.distcp", checkpoint.MARKER, checkpoint.TRAIN_STATE,
+    ]  # fmt: skip
+    marker = json.loads((path / checkpoint.MARKER).read_text())
+    assert (marker["format"], marker["step"], marker["world_size"], marker["parallel"]) == (
+        checkpoint.FORMAT, 10, 1, mode,
+    )  # fmt: skip
+    other, other_optimizer = trained(1, mode)  # different weights and optimizer state
+    resumed = checkpointer(tmp_path).load(module=other, optimizer=other_optimizer)
+    assert resumed is not None and resumed.step == 10 and resumed.path == path
+    assert resumed.state["counters"] == TRAIN_STATE["counters"] and resumed.state["parallel"] == mode
+    expected, got = full_state(module), full_state(other)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    a, b = get_optimizer_state_dict(module, optimizer), get_optimizer_state_dict(other, other_optimizer)
+    for fqn, state in a["state"].items():
+        for key, value in state.items():
+            assert torch.equal(_local(value), _local(b["state"][fqn][key])), (fqn, key)
+
+
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def test_a_junk_newest_checkpoint_is_neither_loaded_nor_counted(tmp_path, group):
+    module, optimizer = trained()
+    saver = checkpointer(tmp_path, keep=1)
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    # Newer than the valid one: a directory without a marker, a marker that lists a file cut short,
+    # and a legacy file that is not ours.
+    (tmp_path / "step-00000030").mkdir()
+    shutil.copytree(checkpoint.path_for(tmp_path, 10), checkpoint.path_for(tmp_path, 40))
+    with open(checkpoint.path_for(tmp_path, 40) / "__0_0.distcp", "r+b") as file:
+        file.truncate(10)
+    torch.save({"not": "ours"}, tmp_path / "step-00000050.pt")
+    assert checkpoint.newest_valid(tmp_path) == (
+        checkpoint.path_for(tmp_path, 10),
+        {
+            "step-00000050.pt": "not an orch checkpoint (orch-checkpoint/1)",
+            "step-00000040": "__0_0.distcp has 10 bytes, "
+            f"{(checkpoint.path_for(tmp_path, 10) / '__0_0.distcp').stat().st_size} were written",
+            "step-00000030": "no orch-checkpoint.json (an incomplete write)",
+        },
+    )
+    # keep: 1 and a save at step 20: step 10 goes (20 is the one kept), the junk stays where it is.
+    saver.save(20, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000020", "step-00000030", "step-00000040", "step-00000050.pt",
+    ]  # fmt: skip
+    resumed = checkpointer(tmp_path).load(module=module, optimizer=optimizer)
+    assert resumed.step == 20
+
+
+def test_only_invalid_checkpoints_is_an_error_not_a_fresh_start(tmp_path, group):
+    module, optimizer = trained()
+    (tmp_path / "step-00000030").mkdir()
+    (tmp_path / "step-00000010.pt").write_bytes(b"junk")
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        checkpointer(tmp_path).load(module=module, optimizer=optimizer)
+    assert str(caught.value) == (
+        f"no checkpoint in {tmp_path} can be resumed from (step-00000030: no orch-checkpoint.json "
+        "(an incomplete write); step-00000010.pt: does not load (RuntimeError)); move them away to "
+        "start from step 0"
+    )
+
+
+def test_no_checkpoint_directory_means_a_fresh_start(tmp_path, group):
+    module, optimizer = trained()
+    assert checkpointer(tmp_path / "missing").load(module=module, optimizer=optimizer) is None
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_legacy_single_file_checkpoint_still_resumes(tmp_path, group, mode):
+    module, optimizer = trained(0)
+    legacy = {
+        "format": checkpoint.LEGACY_FORMAT,
+        "step": 30,
+        "world_size": 1,
+        "rng": [checkpoint.rng_state()],
+        "model": module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        **TRAIN_STATE,
+    }  # fmt: skip  (what the previous version wrote)
+    checkpoint.write_atomic(checkpoint.legacy_path_for(tmp_path, 30), legacy)
+    other, other_optimizer = trained(1, mode)
+    resumed = checkpointer(tmp_path).load(module=other, optimizer=other_optimizer)
+    assert resumed.step == 30 and resumed.path == checkpoint.legacy_path_for(tmp_path, 30)
+    for name, tensor in full_state(other).items():
+        assert torch.equal(tensor, legacy["model"][name]), name
+    # the optimizer continues from the saved moments: its state matches the file's, by parameter
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(other, other_optimizer, options=StateDictOptions(full_state_dict=True))
+    names = [n for n, _ in module.named_parameters()]
+    for index, saved in legacy["optimizer"]["state"].items():
+        assert torch.equal(state["state"][names[index]]["exp_avg"], saved["exp_avg"])
+
+
+def test_async_save_lands_complete(tmp_path, group):
+    module, optimizer = trained()
+    saver = checkpointer(tmp_path, async_save=True)
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    saver.close()  # waits for the write and puts it in place
+    assert checkpoint.verify(checkpoint.path_for(tmp_path, 10)) is None
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+KILL_SCRIPT = """
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from torch import nn
+from orchestrator.trainer import checkpoint
+d = Path({directory!r})
+dist.init_process_group("gloo", init_method="file://" + {store!r}, rank=0, world_size=1)
+saver = checkpoint.Checkpointer(d, every_steps=10, keep=5, rank=0, world_size=1)
+small = nn.Linear(4, 4)
+state = {{"scheduler": {{}}, "scaler": {{}}, "counters": {{}}}}
+saver.save(10, module=small, optimizer=torch.optim.SGD(small.parameters(), lr=0.1), train_state=state)
+print("first done", flush=True)
+big = nn.Linear(4000, 20000)  # 320 MB: the write takes a while
+saver.save(20, module=big, optimizer=torch.optim.SGD(big.parameters(), lr=0.1), train_state=state)
+print("second done", flush=True)
+"""
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    directory = tmp_path / "checkpoints"
+    script = KILL_SCRIPT.format(repo=REPO_ROOT, directory=str(directory), store=str(tmp_path / "store"))
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "first done"
-    tmp_file = tmp_path / ".step-00000020.pt.tmp"
-    deadline = time.monotonic() + 60
-    while not (tmp_file.exists() and tmp_file.stat().st_size > 0):
+    tmp_dir = directory / ".step-00000020.tmp"
+    deadline = time.monotonic() + 120
+    while not (tmp_dir.is_dir() and any(p.stat().st_size > 0 for p in tmp_dir.iterdir())):
         assert time.monotonic() < deadline and process.poll() is None, "the write never started"
         time.sleep(0.001)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert not checkpoint.path_for(tmp_path, 20).exists(), "the write finished before the kill"
-    assert tmp_file.exists()
-    loaded, path = checkpoint.load_newest(tmp_path)
-    assert loaded["step"] == 10 and path == checkpoint.path_for(tmp_path, 10)
+    assert not checkpoint.path_for(directory, 20).exists(), "the write finished before the kill"
+    assert checkpoint.newest_valid(directory) == (checkpoint.path_for(directory, 10), {})
+    # The next run cleans the leftover up and resumes from step 10.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store2", rank=0, world_size=1)
+    try:
+        small = nn.Linear(4, 4)
+        resumed = checkpointer(directory).load(
+            module=small, optimizer=torch.optim.SGD(small.parameters(), lr=0.1)
+        )
+        assert resumed.step == 10 and not tmp_dir.exists()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real filesystem of 256 KiB (tmpfs): writes past it fail with ENOSPC."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", f"orch-test-{uuid.uuid4().hex[:8]}", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_save_clearly_and_leaves_no_tmp(tiny_disk, group):
+    module, optimizer = trained()
+    saver = checkpointer(tiny_disk / "checkpoints")
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)  # small: fits
+    big, big_optimizer = trained(width=16384)  # ~ 450 KiB of parameters alone
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        saver.save(20, module=big, optimizer=big_optimizer, train_state=TRAIN_STATE)
+    assert str(caught.value) == (
+        f"checkpoint at step 20: could not write {tiny_disk / 'checkpoints'}: no space left on device; "
+        "free space there (or point train.checkpoint.dir elsewhere) and run again: training resumes from "
+        "the last complete checkpoint"
+    )
+    assert sorted(p.name for p in (tiny_disk / "checkpoints").iterdir()) == ["step-00000010"]
+    assert checkpoint.verify(checkpoint.path_for(tiny_disk / "checkpoints", 10)) is None
+
+
+def test_model_pt_holds_plain_cpu_tensors(tmp_path, group):
+    module, _ = trained(mode="fsdp")
+    checkpoint.write_atomic(tmp_path / "model.pt", checkpoint.full_model_state(module))
+    loaded = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert {k: (type(v), v.device.type) for k, v in loaded.items()} == {
+        k: (torch.Tensor, "cpu") for k in ("0.weight", "0.bias", "2.weight", "2.bias")
+    }
+    plain = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    plain.load_state_dict(loaded)  # loads into the task's plain model, no orch needed
+
+
+def test_a_checkpoint_reads_back_as_a_plain_state_dict_in_one_process(tmp_path, group):
+    module, optimizer = trained(mode="fsdp")
+    checkpointer(tmp_path, mode="fsdp").save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    plain = checkpoint.read_model_state(checkpoint.path_for(tmp_path, 10))  # what docs/trainer.md shows
+    expected = full_state(module)
+    assert plain.keys() == expected.keys()
+    assert all(torch.equal(plain[k], expected[k]) for k in expected)
 
 
 def test_rng_states_round_trip_through_a_checkpoint(tmp_path):

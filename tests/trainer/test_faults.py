@@ -22,10 +22,11 @@ pytestmark = pytest.mark.slow
 ELASTIC = {"min_nodes": 1, "max_nodes": 2, "max_restarts": 1}
 
 
-def fault_job(name: str, *, sample_delay: float = 0.0) -> dict:
+def fault_job(name: str, *, sample_delay: float = 0.0, parallel: str = "ddp") -> dict:
     """30 steps, a checkpoint every 10 (all kept). The delay slows the input only: same mathematics."""
     return job(
         name,
+        parallel=parallel,
         nodes=2,
         elastic=ELASTIC,
         max_steps=30,
@@ -88,24 +89,39 @@ def wait_for(condition, timeout: float = 120, what: str = "condition") -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Run:
-    """An uninterrupted run: the result every faulty run must reproduce."""
-    tmp = tmp_path_factory.mktemp("reference")
-    run = orch_run(write_job(tmp, fault_job("reference")), tmp / "out")
-    assert run.returncode == 0, run.stderr
-    return run
+def references(tmp_path_factory):
+    """references(parallel) -> an uninterrupted run: the result every faulty run must reproduce."""
+    runs: dict[str, Run] = {}
+
+    def reference_for(parallel: str) -> Run:
+        if parallel not in runs:
+            tmp = tmp_path_factory.mktemp(f"reference-{parallel}")
+            run = orch_run(write_job(tmp, fault_job("reference", parallel=parallel)), tmp / "out")
+            assert run.returncode == 0, run.stderr
+            runs[parallel] = run
+        return runs[parallel]
+
+    return reference_for
 
 
-def test_sigkill_of_a_rank_restarts_from_the_last_checkpoint(tmp_path, reference):
+@pytest.fixture(scope="module")
+def reference(references) -> Run:
+    return references("ddp")
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_sigkill_of_a_rank_restarts_from_the_last_checkpoint(tmp_path, references, parallel):
+    reference = references(parallel)
     out = tmp_path / "out"
+    spec = fault_job("killed", sample_delay=0.004, parallel=parallel)
     process = subprocess.Popen(
-        [*ORCH, "run", str(write_job(tmp_path, fault_job("killed", sample_delay=0.004))), "--out", str(out)],
+        [*ORCH, "run", str(write_job(tmp_path, spec)), "--out", str(out)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    first = out / "checkpoints" / "step-00000010.pt"
+    first = out / "checkpoints" / "step-00000010"  # a directory, renamed into place when complete
     wait_for(first.exists, what="the step-10 checkpoint")
     pids = worker_pids(out)
     assert set(pids) == {0, 1}
@@ -124,7 +140,7 @@ def test_restart_policy_job_restarts_every_rank_from_the_last_checkpoint(tmp_pat
     final parameters equal the uninterrupted run's."""
     out = tmp_path / "out"
     process = start(write_job(tmp_path, restart_job("jobpolicy")), out)
-    wait_for((out / "checkpoints" / "step-00000010.pt").exists, what="the step-10 checkpoint")
+    wait_for((out / "checkpoints" / "step-00000010").exists, what="the step-10 checkpoint")
     first = worker_pids(out)
     assert set(first) == {0, 1}
     os.kill(first[1], signal.SIGKILL)
@@ -186,15 +202,15 @@ def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, referenc
     def run_from(checkpoint_file: Path, name: str) -> Run:
         out = tmp_path / name
         (out / "checkpoints").mkdir(parents=True)
-        shutil.copy(checkpoint_file, out / "checkpoints")
+        shutil.copytree(checkpoint_file, out / "checkpoints" / checkpoint_file.name)
         run = orch_run(spec_file, out)
         assert run.returncode == 0, run.stderr
         return run
 
-    once = run_from(reference.out / "checkpoints" / "step-00000010.pt", "once")  # 10 -> 30
+    once = run_from(reference.out / "checkpoints" / "step-00000010", "once")  # 10 -> 30
     assert once.summary["resumed_from_step"] == 10
     # Resume again from a checkpoint that a resumed run wrote: 10 -> 20 (run "once"), then 20 -> 30.
-    twice = run_from(once.out / "checkpoints" / "step-00000020.pt", "twice")
+    twice = run_from(once.out / "checkpoints" / "step-00000020", "twice")
     assert twice.summary["resumed_from_step"] == 20
     assert_same_params(reference.state_dict(), once.state_dict())
     assert_same_params(once.state_dict(), twice.state_dict())

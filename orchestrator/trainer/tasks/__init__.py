@@ -38,6 +38,9 @@ class Task:
     """Training FLOPs (forward + backward) of one sample, for MFU. None: not reported."""
     tokens_per_sample: int | None = None
     """Tokens in one sample (language models), for tokens/s. None: not reported."""
+    shard_units: list[nn.Module] | None = None
+    """`train.parallel: fsdp`: the submodules of `model` sharded (and gathered) as one unit each, e.g.
+    the transformer blocks; the root takes the rest. None: each direct child module with parameters."""
 
 
 # The names job.yaml accepts (checked by the spec) are the modules of this package, each with a `make`.

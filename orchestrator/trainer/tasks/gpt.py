@@ -161,4 +161,5 @@ def make(
         eval_metrics=next_token_accuracy,
         flops_per_sample=train_flops_per_token(model, n_layer, n_embd, seq_len) * seq_len,
         tokens_per_sample=seq_len,
+        shard_units=list(model.blocks),  # FSDP: one unit per block; embeddings, norm and head in the root
     )
