@@ -76,7 +76,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
         return []
     found = [p for p in directory.iterdir() if _step_of(p) is not None]
     # the same step in both forms: the directory (written by this version) first
-    return sorted(found, key=lambda p: (_step_of(p), p.is_dir()), reverse=True)  # type: ignore[arg-type,return-value]
+    return sorted(found, key=lambda p: (_step_of(p), p.is_dir()), reverse=True)
 
 
 def verify(path: Path) -> str | None:
@@ -394,7 +394,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_state, optimizer_state = get_state_dict(module, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+        state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=str(path))  # each rank reads what its shards need
         set_state_dict(
             module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
@@ -408,7 +408,7 @@ class Checkpointer:
         old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         names = [name for name, _ in module.named_parameters()]  # the optimizer's order: parameters()
         optim = old["optimizer"]
-        optimizer_state = {
+        optimizer_state: dict[str, Any] = {
             "state": {names[index]: value for index, value in optim["state"].items()},
             "param_groups": [
                 {**group, "params": [names[index] for index in group["params"]]}
@@ -438,7 +438,7 @@ def full_model_state(module: Any) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {name: tensor.detach().cpu() for name, tensor in state.items()}
+    return {name: tensor.detach().cpu() for name, tensor in state.items() if isinstance(tensor, torch.Tensor)}
 
 
 def read_model_state(path: Path) -> dict[str, torch.Tensor]:

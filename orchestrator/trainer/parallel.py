@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -84,7 +84,7 @@ def wrap(
             # gradients live in the all-reduce buckets: no copy in and out, less memory
             gradient_as_bucket_view=True,
         )
-        model = torch.compile(ddp) if compile else ddp
+        model = cast(nn.Module, torch.compile(ddp)) if compile else ddp
         return Wrapped(model=model, module=module, mode=mode, ddp=ddp)
     if mode != "fsdp":
         raise ValueError(f"train.parallel {mode!r}: expected one of {', '.join(MODES)}")
