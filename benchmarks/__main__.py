@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from benchmarks import cli, training
 from benchmarks.harness import BenchError
 
-SECTIONS = ("trainer", "accum", "cli", "startup")
+SECTIONS = ("trainer", "accum", "workload", "cli", "startup")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         if "accum" in sections:
             steps = {1: 20, 4: 12, 16: 10} if quick else {1: 30, 4: 40, 16: 16}
             results["accum"] = training.accumulation(steps_by_accumulation=steps, rounds=1 if quick else 2)
+        if "workload" in sections:
+            results["workload"] = training.workload(rounds=1 if quick else 3, steps=24 if quick else 80)
         if "cli" in sections:
             results["cli"] = cli.latency(repeats=3 if quick else 15)
         if "startup" in sections:

@@ -7,6 +7,10 @@ and trains the same task with the same global batch and accumulation:
 
 `--sync-every-micro-step` is the naive accumulation loop: it all-reduces after every micro-batch instead of
 only after the last one (no `no_sync`), the mistake the accumulation benchmark measures.
+
+`--fsdp` is the same loop with FSDP2 as a user would write it from torch's tutorial: `fully_shard` on each
+child module with parameters and then the root, bf16/fp16 through `MixedPrecisionPolicy`, gradient sync
+off for all micro-steps but the last (`set_requires_gradient_sync`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--sync-every-micro-step", action="store_true")
+    parser.add_argument("--fsdp", action="store_true")
     args = parser.parse_args()
     cfg = json.loads(Path(args.config).read_text())
 
@@ -53,12 +58,30 @@ def main() -> None:
     model = task.model.to(device)
     if cfg.get("compile"):
         model = torch.compile(model)
-    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    dtype = PRECISION[cfg["precision"]]
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(device.type, (world,))
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        for child in list(model.children()):
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+
+        @contextlib.contextmanager
+        def no_sync():
+            model.set_requires_gradient_sync(False)
+            yield
+            model.set_requires_gradient_sync(True)
+    else:
+        model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        no_sync = model.no_sync
     opt = cfg["optimizer"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), weight_decay=opt["weight_decay"]
     )
-    dtype = PRECISION[cfg["precision"]]
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     scaler = torch.amp.GradScaler(device.type, enabled=cfg["precision"] == "fp16")
     sampler = DistributedSampler(
@@ -82,7 +105,7 @@ def main() -> None:
             last = micro_step == accumulation - 1
             # DDP all-reduces in backward unless inside no_sync(); the naive loop never skips it
             sync = last or args.sync_every_micro_step
-            with contextlib.nullcontext() if sync else model.no_sync():
+            with contextlib.nullcontext() if sync else no_sync():
                 with autocast:
                     loss = task.loss_fn(model(inputs), targets) / accumulation
                 scaler.scale(loss).backward()

@@ -47,21 +47,32 @@ def main(argv: list[str] | None = None) -> int:
     task_args = GPT_TINY if args.tiny else GPT_350M
     micro = 4 if args.tiny else args.micro_batch
 
-    def config(precision: str, compile_: bool = False) -> dict:
+    def config(precision: str, compile_: bool = False, **extra: object) -> dict:
         return harness.train_config(world=1, accumulation=1, steps=steps, task_args=task_args,
                                     micro_batch_size=micro, precision=precision, compile=compile_,
                                     optimizer={"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.95]},
-                                    log_every=10)  # fmt: skip
+                                    log_every=10, **extra)  # fmt: skip
 
     workdir = harness.scratch_dir("orch-bench-gpu-")
     port = harness.free_port()
     on = harness.base_env(ORCH_METRICS_PORT=str(port), ORCH_JOB_NAME="bench-gpu")
     off = harness.base_env(ORCH_METRICS_PORT=None, ORCH_JOB_NAME="bench-gpu")
-    runs_spec = [  # (name, module, precision, compile, env, scrape port)
+    runs_spec: list[tuple] = [  # (name, module, precision, compile, env, scrape port[, train overrides])
         ("orch bf16 eager, metrics on", "orchestrator.trainer", "bf16", False, on, port),
         ("orch bf16 eager, metrics off", "orchestrator.trainer", "bf16", False, off, None),
         ("bare loop bf16 eager", "benchmarks.bare_ddp", "bf16", False, off, None),
         ("orch fp32 (TF32) eager, metrics on", "orchestrator.trainer", "fp32", False, on, port),
+        # FSDP2 on the same GPU: fully_shard per block, bf16 MixedPrecisionPolicy, DCP checkpoint at the end.
+        # One GPU shards nothing: the row checks the CUDA path and shows FSDP's bookkeeping cost vs DDP.
+        (
+            "orch bf16 eager FSDP, metrics on",
+            "orchestrator.trainer",
+            "bf16",
+            False,
+            on,
+            port,
+            {"parallel": "fsdp"},
+        ),
     ]
     if not args.tiny:
         runs_spec.insert(
@@ -71,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results: dict[str, dict] = {}
     rows = []
-    for index, (name, module, precision, compile_, env, scrape) in enumerate(runs_spec):
+    for index, (name, module, precision, compile_, env, scrape, *overrides) in enumerate(runs_spec):
         path = workdir / f"run{index}.json"
-        path.write_text(json.dumps(config(precision, compile_)))
+        path.write_text(json.dumps(config(precision, compile_, **(overrides[0] if overrides else {}))))
         warmup = 8 if compile_ else 5  # compile and autotuning happen in the first steps
         try:
             run = harness.run_training(harness.torchrun(1, module, "--config", str(path)), env,

@@ -257,3 +257,67 @@ def _seconds_to_first_step(cmd: list[str], workdir: Path, out_last: bool = False
             raise BenchError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}):\n{tail}")
         times = json.loads(report_path.read_text())["loss_calls"]
     return times[1] - launched
+
+
+def workload(*, rounds: int, steps: int, accumulation: int = 4) -> dict[str, Any]:
+    """6. The shape users run (#14): bf16, accumulation 4, an MLP, clipping, AdamW, metrics on; DDP and FSDP.
+
+    orch's trainer (metrics on) against the bare hand-written loop, each under DDP and under FSDP2, all
+    four taking turns as in section 1. FSDP's own cost shows as its rows against the DDP rows: on CPU at
+    this size its per-unit all-gathers and reduce-scatters cost more than one bucketed all-reduce.
+    """
+    workdir = harness.scratch_dir("orch-bench-cfg-")
+    shape = {"precision": "bf16", "grad_clip": 1.0, "optimizer": {"name": "adamw", "lr": 1e-3}}
+    ddp = _write(harness.train_config(world=WORLD, accumulation=accumulation, steps=steps, **shape), workdir)
+    fsdp = _write(
+        harness.train_config(world=WORLD, accumulation=accumulation, steps=steps, parallel="fsdp", **shape),
+        workdir,
+        "fsdp.json",
+    )
+    ports = harness.free_port(), harness.free_port()  # both orch loops run at once: one port each
+    variants: dict[str, tuple[list[str], dict[str, str], int | None]] = {
+        "bare DDP loop": (harness.torchrun(WORLD, "benchmarks.bare_ddp", "--config", ddp),
+                          harness.base_env(**PIN), None),
+        "orch DDP, metrics on": (harness.torchrun(WORLD, "orchestrator.trainer", "--config", ddp),
+                                 harness.base_env(ORCH_METRICS_PORT=str(ports[0]), ORCH_JOB_NAME="bench-ddp",
+                                                  **PIN), ports[0]),
+        "bare FSDP loop": (harness.torchrun(WORLD, "benchmarks.bare_ddp", "--config", fsdp, "--fsdp"),
+                           harness.base_env(**PIN), None),
+        "orch FSDP, metrics on": (harness.torchrun(WORLD, "orchestrator.trainer", "--config", fsdp),
+                                  harness.base_env(ORCH_METRICS_PORT=str(ports[1]), ORCH_JOB_NAME="bench-fsdp",
+                                                   **PIN), ports[1]),
+    }  # fmt: skip
+    names = list(variants)
+    runs: dict[str, list[harness.Run]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
+        for name, run in harness.run_in_turns(
+            {name: variants[name] for name in order}, accumulation=accumulation, steps=steps,
+            warmup=WARMUP_STEPS, turn_steps=max(2, TURN_STEPS // accumulation),
+        ).items():  # fmt: skip
+            runs[name].append(run)
+
+    def best(name: str, clock: str = "step") -> float:
+        return min(getattr(r, f"median_{clock}") for r in runs[name])
+
+    pairs = {"orch DDP / bare DDP": ("orch DDP, metrics on", "bare DDP loop"),
+             "orch FSDP / bare FSDP": ("orch FSDP, metrics on", "bare FSDP loop"),
+             "bare FSDP / bare DDP": ("bare FSDP loop", "bare DDP loop"),
+             "orch FSDP / orch DDP": ("orch FSDP, metrics on", "orch DDP, metrics on")}  # fmt: skip
+    result = {
+        "best_step_seconds": {name: best(name) for name in names},
+        "best_cpu_seconds": {name: best(name, "cpu") for name in names},
+        "ratios": {label: best(a) / best(b) for label, (a, b) in pairs.items()},
+        "cpu_ratios": {label: best(a, "cpu") / best(b, "cpu") for label, (a, b) in pairs.items()},
+        "rounds": rounds,
+        "steps": steps,
+        "accumulation": accumulation,
+    }
+    print(f"\n== 6. The users' shape: bf16, accumulation {accumulation}, MLP, clip 1.0, AdamW, metrics on "
+          f"({WORLD} processes, CPU/gloo, {steps} steps/run, taking turns; {rounds} rounds)")  # fmt: skip
+    rows = [[name, ms(best(name)), ms(best(name, "cpu"))] for name in names]
+    print(table(["loop", "best run (wall/step)", "CPU/step"], rows))
+    for label in pairs:
+        print(f"  {label}: wall {ratio(result['ratios'][label])}, CPU {ratio(result['cpu_ratios'][label])}")
+    print("  target: orch >= 1.00x the bare loop's speed (ratio <= 1.00x) under DDP and under FSDP")
+    return result
