@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.cluster import jobs
 from orchestrator.cluster.apis import JobAPI, all_apis, by_key
-from orchestrator.cluster.client import Cluster
+from orchestrator.cluster.client import Cluster, poll_seconds
 from orchestrator.cluster.errors import AlreadyExists, ClusterError, NotFound, OperatorNotInstalled
 from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
 
@@ -36,15 +37,16 @@ def prepare(objects: Sequence[dict[str, Any]], namespace: str) -> list[dict[str,
     return prepared
 
 
-def owner_reference(api: JobAPI, job: dict[str, Any]) -> dict[str, Any]:
-    """Makes the garbage collector delete the objects submitted with the job together with it."""
+def owner_reference(api: JobAPI, job: dict[str, Any], *, block: bool = True) -> dict[str, Any]:
+    """Makes the garbage collector delete the objects submitted with the job together with it. `block`: a
+    foreground deletion of the job waits for this object to be gone first."""
     return {
         "apiVersion": api.resource.api_version,
         "kind": api.resource.kind,
         "name": job["metadata"]["name"],
         "uid": job["metadata"].get("uid") or "",
         "controller": True,
-        "blockOwnerDeletion": True,
+        "blockOwnerDeletion": block,
     }
 
 
@@ -103,6 +105,8 @@ def submit(
             )
         if not dry_run:
             jobs.delete(cluster, api, name, wait=True, timeout=replace_timeout)
+            _wait_gone(cluster, [(kinds[o["kind"]], o) for o in objects if kinds[o["kind"]] in api.before],
+                       timeout=replace_timeout)  # fmt: skip
 
     # What the job refers to (a TrainJob's TrainingRuntime) must exist first; it is owned once the job exists.
     first = [o for o in objects if kinds[o["kind"]] in api.before]
@@ -113,11 +117,13 @@ def submit(
         created_job = cluster.create(api.resource, job, dry_run=dry_run)
         result.created.append(created_job)
         owner = owner_reference(api, created_job if created_job.get("metadata") else job)
+        # Not blocking: Trainer < v2.3 keeps a finalizer on a runtime while a TrainJob refers to it, so a
+        # foreground deletion of the TrainJob that waited for its runtime would wait forever.
+        referred = owner_reference(api, created_job if created_job.get("metadata") else job, block=False)
         for obj in first:
             if not dry_run:
-                cluster.patch(
-                    kinds[obj["kind"]], obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}}
-                )
+                changes = {"metadata": {"ownerReferences": [referred]}}
+                cluster.patch(kinds[obj["kind"]], obj["metadata"]["name"], changes)
         for obj in after:
             obj["metadata"]["ownerReferences"] = [owner]
             result.created.append(cluster.create(kinds[obj["kind"]], obj, dry_run=dry_run))
@@ -152,6 +158,18 @@ def not_installed_message(api: JobAPI, server: str) -> str:
         f"{api.operator} ({r.kind} CRD) is not installed in this cluster ({server} does not serve "
         f"{r.api_version} {r.plural}). Install it: {api.install}"
     )
+
+
+def _wait_gone(cluster: Cluster, objects: list[tuple[Resource, dict[str, Any]]], *, timeout: float) -> None:
+    """After a replaced job is gone, wait for the objects it referred to (not blocking its deletion)."""
+    deadline = time.monotonic() + timeout
+    for resource, obj in objects:
+        while cluster.find(resource, obj["metadata"]["name"]) is not None:
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{resource} {obj['metadata']['name']} was still being deleted after {timeout:.0f}s"
+                )
+            time.sleep(poll_seconds())
 
 
 def _roll_back(cluster: Cluster, created: list[dict[str, Any]], cause: ClusterError) -> None:

@@ -63,8 +63,12 @@ def test_submit_creates_runtime_first_and_everything_owned_by_the_trainjob(v2, j
     job = kube.get(TRAINJOBS, NS, "demo")
     owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "demo",
              "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
-    for resource, name in ((TRAININGRUNTIMES, "demo"), (CONFIGMAPS, "demo-config"), (PODMONITORS, "demo")):
+    for resource, name in ((CONFIGMAPS, "demo-config"), (PODMONITORS, "demo")):
         assert kube.get(resource, NS, name)["metadata"]["ownerReferences"] == [owner], resource
+    # Trainer < v2.3 keeps a finalizer on a runtime in use: blocking the TrainJob's foreground deletion on it
+    # would deadlock, so the runtime's reference does not block.
+    owner["blockOwnerDeletion"] = False
+    assert kube.get(TRAININGRUNTIMES, NS, "demo")["metadata"]["ownerReferences"] == [owner]
     # the runtime got its owner by a merge patch once the TrainJob's uid existed
     (patch,) = kube.requests("patch")
     assert patch.url.path == f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainingruntimes/demo"
@@ -314,3 +318,17 @@ def test_a_role_for_trainjobs_only_still_finds_and_lists_them(v2, job_file):
     v2.kube.fail("get", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/nope", 403, times=100)
     missing = v2.orch("status", "nope")  # refused everywhere: the refusal is the answer, not "not found"
     assert missing.exit_code == 1 and "forbidden: you may not get" in missing.stderr
+
+
+def test_replace_a_trainjob(v2, job_file):
+    """--replace: the old TrainJob goes (foreground), then its runtime, before the new runtime is created."""
+    assert v2.orch("submit", str(job_file)).exit_code == 0
+    old = v2.kube.get(TRAINJOBS, NS, "demo")["metadata"]["uid"]
+    again = v2.orch("submit", str(job_file), "--replace")
+    assert again.exit_code == 0, again.stderr
+    new = v2.kube.get(TRAINJOBS, NS, "demo")["metadata"]["uid"]
+    assert new != old
+    assert v2.kube.get(TRAININGRUNTIMES, NS, "demo")["metadata"]["ownerReferences"][0]["uid"] == new
+    calls = [(r.method.value, r.url.path.rsplit("/", 2)[-2:]) for r in v2.kube.requests()
+             if r.method.value in ("POST", "DELETE")][4:6]  # fmt: skip
+    assert calls == [("DELETE", ["trainjobs", "demo"]), ("POST", [NS, "trainingruntimes"])]
