@@ -29,6 +29,7 @@ from orchestrator.cluster.errors import (
     KubeconfigError,
     NotFound,
     OperatorNotInstalled,
+    Unauthorized,
 )
 from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
 from orchestrator.cluster.logs import LogFollower, stream_logs
@@ -50,6 +51,7 @@ __all__ = [
     "Resource",
     "Submission",
     "Target",
+    "Unauthorized",
     "connect",
     "delete_job",
     "job_status",
