@@ -72,7 +72,7 @@ def main() -> None:
     try:
         exit_code = cli.main(standalone_mode=False, prog_name="orch")
     except OrchError as error:
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {one_line(str(error))}", err=True)
         sys.exit(error.exit_code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
@@ -84,3 +84,8 @@ def main() -> None:
         sys.exit(exit_.exit_code)
     # A command's integer return value is its exit code (e.g. `orch wait`: 124 on timeout).
     sys.exit(exit_code if isinstance(exit_code, int) else 0)
+
+
+def one_line(message: str) -> str:
+    """An error message as one line: control characters a user's input brought in are shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)

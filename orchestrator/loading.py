@@ -2,11 +2,19 @@
 
 The YAML is composed into nodes first so that every value keeps its position; pydantic's error locations are
 then mapped back to the nearest node. Reads the job file; writes nothing.
+
+What the loader reads and builds is bounded before anything is built from it (a job file is small; these
+bounds only stop files that would take the machine down): at most MAX_FILE_BYTES are read, nodes nest at most
+MAX_DEPTH deep, the document counts at most MAX_VALUES values once its aliases are expanded (a 300-byte alias
+"bomb" expands to billions), aliases may not refer to themselves, integers fit in an int64 and floats are
+finite. Each error names its bound.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,9 +28,38 @@ from orchestrator.errors import SpecError
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]  # 1-based line and column
 
+MAX_FILE_BYTES = 256 * 1024
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Fields whose values are secrets: an error about them never shows the value.
+SECRET_FIELDS = ("secret_env",)
+
+
+class _BoundError(yaml.MarkedYAMLError):
+    """A job file past one of the loader's bounds (not a YAML syntax error)."""
+
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one) and nesting past MAX_DEPTH."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # PyYAML composes recursively: bound the depth before Python's recursion limit does.
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _BoundError(
+                    problem=f"nested deeper than {MAX_DEPTH} levels (the bound)", problem_mark=mark
+                )
+            node: yaml.Node | None = super().compose_node(parent, index)
+            return node
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -61,11 +98,98 @@ def _positions(node: yaml.Node, path: FieldPath = ()) -> dict[FieldPath, Positio
     return found
 
 
+def _check_bounds(loader: _Loader, root: yaml.Node) -> None:
+    """Measure the document as if its aliases were expanded, without expanding them: at most MAX_VALUES values
+    and MAX_DEPTH levels; no alias inside the node it names; integers in int64, finite floats.
+    Raises _BoundError at the offending node."""
+    measured: dict[int, tuple[int, int]] = {}  # id(node) -> (values under it, levels under it), expanded
+    visiting: set[int] = set()
+
+    def measure(node: yaml.Node, depth: int) -> tuple[int, int]:
+        key = id(node)
+        if depth >= MAX_DEPTH:
+            raise _BoundError(
+                problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded; the bound)",
+                problem_mark=node.start_mark,
+            )
+        if key in visiting:
+            raise _BoundError(
+                problem="an alias refers to a node that contains it", problem_mark=node.start_mark
+            )
+        if key not in measured:
+            visiting.add(key)
+            count, height = 1, 1
+            children: list[yaml.Node] = []
+            if isinstance(node, yaml.MappingNode):
+                children = [n for pair in node.value for n in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            elif isinstance(node, yaml.ScalarNode):
+                _check_number(loader, node)
+            for child in children:
+                child_count, child_height = measure(child, depth + 1)
+                count, height = count + child_count, max(height, child_height + 1)
+                if count > MAX_VALUES:
+                    break
+            visiting.discard(key)
+            measured[key] = count, height
+        count, height = measured[key]
+        if depth + height > MAX_DEPTH:
+            raise _BoundError(
+                problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded; the bound)",
+                problem_mark=node.start_mark,
+            )
+        if count > MAX_VALUES:
+            raise _BoundError(
+                problem=f"expands to more than {MAX_VALUES} values (aliases expanded; the bound)",
+                problem_mark=node.start_mark,
+            )
+        return count, height
+
+    measure(root, 0)
+
+
+def _check_number(loader: _Loader, node: yaml.ScalarNode) -> None:
+    if node.tag == "tag:yaml.org,2002:int":
+        # Python refuses to convert more than 4300 digits; an int64 has at most 19 (plus sign, '_' and base).
+        value = loader.construct_yaml_int(node) if len(node.value) <= 80 else None
+        if value is None or not INT64_MIN <= value <= INT64_MAX:
+            raise _BoundError(
+                problem=f"integer {_short(node.value)} is outside the int64 range (the bound)",
+                problem_mark=node.start_mark,
+            )
+    elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(loader.construct_yaml_float(node)):
+        raise _BoundError(
+            problem=f"{_short(node.value)} is not a finite number (Kubernetes and JSON have no inf or nan)",
+            problem_mark=node.start_mark,
+        )
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _compose(text: str) -> tuple[Any, yaml.Node | None]:
+    """Data and root node of one YAML document, within the bounds; raises yaml errors."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _check_bounds(loader, node)
+        return loader.construct_document(node), node
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
     """The document's data and the position of each field; YAML mistakes become SpecErrors."""
     try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = _Loader(text).get_single_data() if node is not None else None
+        data, node = _compose(text)
+    except _BoundError as error:
+        mark = error.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise SpecError(f"{error.problem}", file=file, line=line, column=column) from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         problem = " ".join(str(p) for p in (error.context, error.problem) if p)
@@ -75,8 +199,8 @@ def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
             line=mark.line + 1 if mark else None,
             column=mark.column + 1 if mark else None,
         ) from None
-    except yaml.YAMLError as error:  # e.g. several documents in one file
-        raise SpecError(f"invalid YAML: {error}", file=file) from None
+    except yaml.YAMLError as error:  # e.g. several documents in one file, or a control character
+        raise SpecError(f"invalid YAML: {' '.join(str(error).split())}", file=file) from None
     if node is None:
         raise SpecError(
             "the file is empty; `orch init job.yaml` writes a starter job", file=file, line=1, column=1
@@ -92,28 +216,54 @@ def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[FieldPath, str]:
-    """Apply `key.path=value` overrides in place (values parsed as YAML); returns which path came from which flag."""
+    """Apply `key.path=value` overrides in place (values parsed as YAML, within the loader's bounds); returns
+    which path came from which flag. A number in the path indexes a list (`--set volumes.0.read_only=true`)."""
     origins: dict[FieldPath, str] = {}
     for override in overrides:
         key, sep, raw = override.partition("=")
         if not sep or not key.strip():
-            raise SpecError(f"--set {override!r}: expected KEY=VALUE, e.g. --set nodes=4")
-        path = tuple(key.strip().split("."))
+            raise SpecError(f"--set {_redacted(override)!r}: expected KEY=VALUE, e.g. --set nodes=4")
+        flag = f"--set {_redacted(override)}"
         try:
-            value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
+            value = _compose(raw)[0] if raw.strip() else ""
+        except _BoundError as error:
+            raise SpecError(f"{error.problem}", file=flag) from None
         except yaml.YAMLError:
             value = raw
-        target = data
-        for depth, part in enumerate(path[:-1]):
-            child = target.get(part)
-            if child is None:
-                child = target[part] = {}
-            if not isinstance(child, dict):
-                raise SpecError(f"--set {override}: {'.'.join(path[: depth + 1])} is not a mapping")
-            target = child
-        target[path[-1]] = value
-        origins[path] = f"--set {override}"
+        parts = key.strip().split(".")
+        path: FieldPath = ()
+        target: Any = data
+        for depth, part in enumerate(parts):
+            where = _dotted(path) or "the job"
+            if isinstance(target, list):
+                if not part.isdigit() or int(part) >= len(target):
+                    items = f"{len(target)} item{'s' * (len(target) != 1)}"
+                    what = f"index {part} does not exist" if part.isdigit() else f"{part!r} is not an index"
+                    raise SpecError(f"{where} is a list of {items}; {what}", file=flag)
+                step: str | int = int(part)
+            elif isinstance(target, dict):
+                step = part
+                if depth < len(parts) - 1 and target.get(part) is None:
+                    target[part] = {}
+            else:
+                raise SpecError(f"{where} is not a mapping", file=flag)
+            path = (*path, step)
+            if depth == len(parts) - 1:
+                target[step] = value
+            else:
+                target = target[step]
+        origins[path] = flag
     return origins
+
+
+def _redacted(override: str) -> str:
+    """`--set secret_env.TOKEN=...` as it may be shown: the value of a secret field is not."""
+    key, sep, _ = override.partition("=")
+    return f"{key}=<hidden>" if sep and _is_secret(tuple(key.strip().split("."))) else override
+
+
+def _is_secret(path: FieldPath) -> bool:
+    return bool(path) and path[0] in SECRET_FIELDS
 
 
 def _nearest(path: FieldPath, table: dict[FieldPath, Any]) -> Any:
@@ -156,15 +306,28 @@ def _message(error: Mapping[str, Any], path: FieldPath) -> str:
         return "unknown field" + (f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(known)})")
     if kind == "missing":
         return "required field is missing"
+    if kind == "int_parsing_size":  # a float like 1e20 where an integer belongs
+        return f"{spec_models.show(error['input'])} is outside the int64 range (the bound)"
     if kind in ("value_error", "assertion_error"):
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if kind == "literal_error" or kind.endswith("_type") or kind.endswith("_parsing"):
-        message += f" (got {error['input']!r})"
+    if (kind == "literal_error" or kind.endswith("_type") or kind.endswith("_parsing")) and not _is_secret(
+        path
+    ):
+        message += f" (got {spec_models.show(error['input'])})"
+    if _is_secret(path) and isinstance(error.get("input"), str) and error["input"]:
+        message = message.replace(error["input"], "<hidden>")  # a secret given in the wrong place
     return message
 
 
 def _dotted(path: FieldPath) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
+    """`train.optimizer.lr`, `volumes[0].mount`; a key that is not a plain word is quoted (`labels['a b']`)."""
+    return "".join(
+        f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) if _PLAIN_KEY.fullmatch(p) else f"[{p!r}]"
+        for i, p in enumerate(path)
+    )
+
+
+_PLAIN_KEY = re.compile(r"[-\w./]+")
 
 
 def validate(
@@ -194,7 +357,8 @@ def validate(
         first = error.errors(include_url=False)[0]
         # pydantic appends the union member or validator name to the location; keep the data path only.
         path = tuple(p for p in first["loc"] if isinstance(p, int) or not _is_internal(str(p)))
-        raise fail(path, _message(first, path)) from None
+        message = _message(first, path)
+        raise fail(path, message) from None
     except spec_models.FieldError as error:
         raise fail(tuple(error.path.split(".")), error.message) from None
     if require_image and not job.image:
@@ -212,12 +376,26 @@ def load_job(
 ) -> spec_models.JobSpec:
     """Read, override and validate a job file. Raises SpecError (exit code 2) with file:line:col: field: why."""
     file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("no such file; `orch init` writes a starter job.yaml", file=file) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpecError(f"cannot read: {error}", file=file) from None
+    text = read_job_text(path)
     data, positions = parse_yaml(text, file)
     origins = apply_overrides(data, overrides)
     return validate(data, file=file, positions=positions, origins=origins, require_image=require_image)
+
+
+def read_job_text(path: str | Path) -> str:
+    """The text of a job file, reading at most MAX_FILE_BYTES (+1 to notice more): `/dev/zero` or a huge file
+    ends in one error instead of filling memory."""
+    file = str(path)
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError("no such file; `orch init` writes a starter job.yaml", file=file) from None
+    except OSError as error:
+        raise SpecError(f"cannot read: {error.strerror or error}", file=file) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(f"larger than {MAX_FILE_BYTES // 1024} KiB, the bound on a job file", file=file)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SpecError(f"not UTF-8 text (byte {error.start}: {error.reason})", file=file) from None

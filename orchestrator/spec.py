@@ -7,6 +7,7 @@ Cross-field rules live in `JobSpec._check_consistency`, each raising `FieldError
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Any, Literal
 
@@ -23,18 +24,29 @@ from pydantic import (
 from orchestrator.runtime_env import DEFAULT_GPU_SAMPLE_SECONDS, DEFAULT_METRICS_PORT
 
 # --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
+# Every pattern is applied with re.fullmatch (Python's `$` would also match before a final newline, so
+# `name: "digits\n"` would pass); they carry no anchors of their own.
 
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")  # a key of a Secret's data (IsConfigMapKey)
+IMAGE_REF = re.compile(r"[!-.0-~][!-~]*")  # printable ASCII without spaces, not starting with /
 # A Kubernetes quantity: a number with an optional binary (Ki..Ei), decimal (m, k..E) or exponent suffix.
-QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][-+]?\d+)?$")
+QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][-+]?\d+)?")
+DURATION = re.compile(r"(\d+[smhdw])+")
 DURATION_PART = re.compile(r"(\d+)([smhdw])")
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+# Kubernetes' integer fields are int32 (replicas, backoffLimit, ports, ...) or int64 (seconds).
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_DURATION_SECONDS = INT32_MAX  # ttlSecondsAfterFinished is an int32; 68 years bounds every duration
 BUILTIN_TASKS = ("digits", "gpt", "synthetic")
 
 MAX_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 is the label limit
@@ -51,12 +63,18 @@ class FieldError(Exception):
         self.path, self.message = path, message
 
 
+def show(value: Any, limit: int = 60) -> str:
+    """repr() of a user's value for an error message, cut to `limit` characters (a message is one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
 def _check(pattern: re.Pattern[str], what: str, max_length: int | None = None):
     def validate(value: str) -> str:
         if max_length is not None and len(value) > max_length:
-            raise ValueError(f"{value!r} is longer than {max_length} characters")
-        if not pattern.match(value):
-            raise ValueError(f"{value!r} is not a valid {what}")
+            raise ValueError(f"{show(value)} is longer than {max_length} characters")
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{show(value)} is not a valid {what}")
         return value
 
     return validate
@@ -68,24 +86,51 @@ def _quantity(value: Any) -> str:
         raise ValueError("must be a quantity like 8, 500m or 64Gi, not a boolean")
     if isinstance(value, (int, float)):
         value = format(value, "g")
-    if not isinstance(value, str) or not QUANTITY.match(value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 8, 500m, 64Gi, 1.5G)")
+    if not isinstance(value, str) or not QUANTITY.fullmatch(value):
+        raise ValueError(f"{show(value)} is not a Kubernetes quantity (examples: 8, 500m, 64Gi, 1.5G)")
     return value
 
 
-def _duration(value: Any) -> int:
-    """`24h`, `1d`, `1h30m`, `90s` or a number of seconds -> seconds."""
+def parse_duration(value: Any) -> int:
+    """`24h`, `1d`, `1w`, `1h30m`, `90s` or a number of seconds -> seconds; ValueError says why not.
+
+    The one duration parser: job.yaml's durations and `orch wait --timeout` use it.
+    """
     if isinstance(value, bool):
         raise ValueError("must be a duration like 30m, 24h or 1d")
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        value = int(value)
     if isinstance(value, int):
         seconds = value
-    elif isinstance(value, str) and value and DURATION_PART.sub("", value) == "":
+    elif isinstance(value, str) and len(value) <= 64 and DURATION.fullmatch(value):
         seconds = sum(int(n) * DURATION_SECONDS[unit] for n, unit in DURATION_PART.findall(value))
     else:
-        raise ValueError(f"{value!r} is not a duration (examples: 90s, 30m, 1h30m, 24h, 1d)")
+        raise ValueError(f"{show(value)} is not a duration (examples: 90s, 30m, 1h30m, 24h, 1d, 1w)")
     if seconds <= 0:
         raise ValueError("must be longer than 0 seconds")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{seconds} seconds is longer than the bound, {MAX_DURATION_SECONDS} (68 years)")
     return seconds
+
+
+def _path(value: str) -> str:
+    """A path without control characters, normalised (`/dev/shm/` -> `/dev/shm`, `a//b/./c` -> `a/b/c`)."""
+    if not value or CONTROL_CHARACTER.search(value):
+        raise ValueError(f"{show(value)} is not a path (empty, or has control characters)")
+    normal = posixpath.normpath(value)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError(f"{show(path)} must be an absolute path")
+    return path
+
+
+def _relative(path: str) -> str:
+    if path.startswith("/") or path == ".." or path.startswith("../"):
+        raise ValueError(f"{show(path)} must be a relative path inside the claim (no leading /, no ..)")
+    return path
 
 
 def _string_value(value: Any) -> Any:
@@ -99,8 +144,10 @@ def _string_value(value: Any) -> Any:
     return value
 
 
+# --- constrained types: use these for new fields, so every field of a kind obeys the same rule ---------------
+
 Quantity = Annotated[str, BeforeValidator(_quantity)]
-Duration = Annotated[int, BeforeValidator(_duration)]
+Duration = Annotated[int, BeforeValidator(parse_duration)]
 StringValue = Annotated[str, BeforeValidator(_string_value)]
 Dns1123Label = Annotated[
     str, AfterValidator(_check(DNS1123_LABEL, "DNS-1123 label (lowercase letters, digits, '-')", 63))
@@ -108,33 +155,35 @@ Dns1123Label = Annotated[
 Dns1123Name = Annotated[
     str, AfterValidator(_check(DNS1123_SUBDOMAIN, "DNS-1123 name (lowercase letters, digits, '-', '.')", 253))
 ]
-AbsolutePath = Annotated[
-    str, AfterValidator(lambda p: p if p.startswith("/") else _fail(f"{p!r} must be an absolute path"))
-]
-PositiveInt = Annotated[int, Field(gt=0)]
+PathStr = Annotated[str, AfterValidator(_path)]
+"""Compared and rendered in normal form, so reserved and duplicate paths are found however they are written."""
+AbsolutePath = Annotated[str, AfterValidator(_path), AfterValidator(_absolute)]
+RelativePath = Annotated[str, AfterValidator(_path), AfterValidator(_relative)]
+PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Seconds64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
 Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-def _fail(message: str):
-    raise ValueError(message)
+SecretKey = Annotated[
+    str, AfterValidator(_check(SECRET_KEY, "secret key (letters, digits, '-', '_', '.')", 253))
+]
 
 
 def _check_label_key(key: str) -> str:
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
-        raise ValueError(f"key {key!r}: prefix {prefix!r} must be a DNS-1123 subdomain")
-    if len(name) > 63 or not QUALIFIED_NAME.match(name):
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        raise ValueError(f"key {show(key)}: prefix {show(prefix)} must be a DNS-1123 subdomain")
+    if len(name) > 63 or not QUALIFIED_NAME.fullmatch(name):
         raise ValueError(
-            f"key {key!r} is not a valid Kubernetes label/annotation key "
+            f"key {show(key)} is not a valid Kubernetes label/annotation key "
             "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
         )
     return key
 
 
 def _check_label_value(value: str) -> str:
-    if len(value) > 63 or not LABEL_VALUE.match(value):
+    if len(value) > 63 or not LABEL_VALUE.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a valid label value "
+            f"{show(value)} is not a valid label value "
             "(<= 63 characters: letters, digits, '-', '_', '.', starting and ending alphanumeric)"
         )
     return value
@@ -145,15 +194,15 @@ LabelKey = Annotated[str, AfterValidator(_check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(_string_value), AfterValidator(_check_label_value)]
 EnvName = Annotated[str, AfterValidator(_check(ENV_NAME, "environment variable name"))]
 ImageRef = Annotated[
-    str,
-    AfterValidator(_check(re.compile(r"^[^\s/][^\s]*$"), "image reference (e.g. ghcr.io/acme/trainer:1.0)")),
+    str, AfterValidator(_check(IMAGE_REF, "image reference (e.g. ghcr.io/acme/trainer:1.0)"))
 ]
 
 
 class Model(BaseModel):
     """Base of every spec model: immutable, unknown keys are errors, defaults are validated too."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: a float field is finite (`lr: .inf` would be written into train.json as Infinity).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 # --- train: the built-in trainer ---------------------------------------------------------------------------
@@ -171,14 +220,14 @@ class OptimizerSpec(Model):
 
 class ScheduleSpec(Model):
     name: Literal["constant", "linear", "cosine", "step", "plateau"] = "constant"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: NonNegativeInt = 0
     """Linear warmup from 0 to lr over this many optimizer steps (every schedule)."""
     min_lr: Annotated[float, Field(ge=0)] = 0.0
     """Floor of linear and cosine decay, and of plateau reductions."""
     step_size: PositiveInt = 100
     """step: multiply the rate by `gamma` every `step_size` optimizer steps."""
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
-    patience: Annotated[int, Field(ge=0)] = 3
+    patience: NonNegativeInt = 3
     """plateau: evaluations without improvement before the rate is multiplied by `factor`."""
     factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
     threshold: Annotated[float, Field(ge=0)] = 1.0e-4
@@ -191,10 +240,10 @@ class CheckpointSpec(Model):
         extra="forbid", frozen=True, validate_default=True, populate_by_name=True, serialize_by_alias=True
     )
 
-    dir: str | None = None
+    dir: PathStr | None = None
     """None: <output dir>/checkpoints. A relative path is taken under the output dir. Every rank reads
     and writes its part here: on more than one node, a volume all pods share."""
-    every_steps: Annotated[int, Field(ge=0)] = 200
+    every_steps: NonNegativeInt = 200
     """0: only at the end."""
     keep: PositiveInt = 2
     """Complete (verified) checkpoints kept; ones that do not verify are neither counted nor deleted."""
@@ -222,9 +271,10 @@ class TrainSpec(Model):
     max_steps: PositiveInt | None = None
     epochs: PositiveInt | None = None
     grad_clip: Annotated[float, Field(ge=0)] | None = 1.0
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    """Seeds torch, numpy (whose seeds are 32-bit) and the data order."""
     log_every: PositiveInt = 10
-    eval_every: Annotated[int, Field(ge=0)] = 100
+    eval_every: NonNegativeInt = 100
     """Optimizer steps between evaluations; 0: only at the end."""
     checkpoint: CheckpointSpec = CheckpointSpec()
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -236,14 +286,14 @@ class TrainSpec(Model):
     cuda_alloc_conf: str = "expandable_segments:True"
     """PYTORCH_CUDA_ALLOC_CONF unless the environment already sets it (the seed's 'GPU memory growth')."""
     compile: bool = False
-    num_workers: Annotated[int, Field(ge=0)] = 0
+    num_workers: NonNegativeInt = 0
 
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        if task not in BUILTIN_TASKS and not IMPORT_PATH.match(task):
+        if task not in BUILTIN_TASKS and not IMPORT_PATH.fullmatch(task):
             raise ValueError(
-                f"{task!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) "
+                f"{show(task)} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) "
                 "nor an import path like 'mypkg.tasks:make_task'"
             )
         return task
@@ -289,7 +339,7 @@ class Resources(Model):
 
 class SecretRef(Model):
     secret: Dns1123Name
-    key: Annotated[str, Field(min_length=1)]
+    key: SecretKey
 
 
 class Volume(Model):
@@ -317,11 +367,11 @@ class Volume(Model):
 
 
 class Toleration(Model):
-    key: str | None = None
+    key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: StringValue | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: Seconds64 | None = None
 
 
 class Topology(Model):
@@ -367,9 +417,9 @@ class Restart(Model):
     like on-failure, but only exit codes >= 128 (signals, OOM kills); 1-127 fail the job at once.
     None (the default) is resolved by JobSpec: job for jobs of more than one node (elastic ones excepted),
     else on-failure; a JobSpec's restart.policy is never None."""
-    max_restarts: Annotated[int, Field(ge=0)] = 3
+    max_restarts: NonNegativeInt = 3
     """policy job: how many times the whole job may restart before it fails."""
-    backoff_limit: Annotated[int, Field(ge=0)] = 3
+    backoff_limit: NonNegativeInt = 3
     """on-failure / exit-code: pod restarts before the job fails."""
 
 
@@ -378,22 +428,15 @@ class Output(Model):
 
     pvc: Dns1123Name
     """PersistentVolumeClaim mounted at the output dir (ReadWriteMany for jobs of more than one node)."""
-    sub_path: Annotated[str, Field(min_length=1)] | None = None
+    sub_path: RelativePath | None = None
     """Folder inside the claim. None: the job's name, so jobs sharing a claim keep apart and a resubmitted
     job finds its checkpoints."""
-
-    @field_validator("sub_path")
-    @classmethod
-    def _relative(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("/") or ".." in value.split("/")):
-            raise ValueError(f"{value!r} must be a relative path inside the claim (no leading /, no ..)")
-        return value
 
 
 class Elastic(Model):
     min_nodes: PositiveInt
     max_nodes: PositiveInt
-    max_restarts: Annotated[int, Field(ge=0)] = 3
+    max_restarts: NonNegativeInt = 3
 
     @model_validator(mode="after")
     def _bounds(self) -> Elastic:
@@ -442,7 +485,7 @@ class JobSpec(Model):
     of its own next to the TrainJob."""
     image: ImageRef | None = None
     nodes: PositiveInt = 1
-    gpus_per_node: Annotated[int, Field(ge=0)] = 0
+    gpus_per_node: NonNegativeInt = 0
     procs_per_node: PositiveInt = None  # type: ignore[assignment]  # resolved in _defaults
     resources: Resources = Resources()
     train: TrainSpec | None = None

@@ -71,13 +71,32 @@ def init(job_file: str, name: str, image: str, force: bool) -> None:
     path = Path(job_file)
     if path.exists() and not force:
         raise UsageError(f"{job_file} already exists; pass --force to overwrite it")
-    text = STARTER.format(name=name, image=image, file=job_file)
+    if not path.parent.is_dir():
+        raise UsageError(f"{job_file}: the directory {path.parent} does not exist; create it first")
+    # The values go in as YAML scalars (data), never as text: a newline in --name cannot add a key.
+    text = STARTER.format(name=yaml_scalar(name), image=yaml_scalar(image), file=job_file)
     # Validate before writing: a bad --name or --image is reported (against the flag) and nothing is written.
     data, positions = loading.parse_yaml(text, job_file)
     origins: dict[loading.FieldPath, str] = {("name",): f"--name {name}", ("image",): f"--image {image}"}
     loading.validate(data, file=job_file, positions=positions, origins=origins)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot write {job_file}: {error.strerror or error}") from None
     click.echo(f"wrote {job_file}; next: orch validate {job_file}", err=True)
+
+
+def yaml_scalar(value: str) -> str:
+    """`value` as one YAML scalar on one line: plain where that reads back as the same string, else a
+    double-quoted (JSON) string with escapes."""
+    import json
+    import re
+
+    import yaml
+
+    if re.fullmatch(r"[A-Za-z0-9][-\w./:@]*", value) and yaml.safe_load(value) == value:
+        return value
+    return json.dumps(value)
 
 
 @click.command()
