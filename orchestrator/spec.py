@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.durations import parse_duration
 from orchestrator.runtime_env import DEFAULT_GPU_SAMPLE_SECONDS, DEFAULT_METRICS_PORT
 
 # --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
@@ -37,16 +38,12 @@ SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")  # a key of a Secret's data (IsConfi
 IMAGE_REF = re.compile(r"[!-.0-~][!-~]*")  # printable ASCII without spaces, not starting with /
 # A Kubernetes quantity: a number with an optional binary (Ki..Ei), decimal (m, k..E) or exponent suffix.
 QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][-+]?\d+)?")
-DURATION = re.compile(r"(\d+[smhdw])+")
-DURATION_PART = re.compile(r"(\d+)([smhdw])")
-DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 # Kubernetes' integer fields are int32 (replicas, backoffLimit, ports, ...) or int64 (seconds).
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-MAX_DURATION_SECONDS = INT32_MAX  # ttlSecondsAfterFinished is an int32; 68 years bounds every duration
 BUILTIN_TASKS = ("digits", "gpt", "synthetic")
 
 MAX_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 is the label limit
@@ -89,28 +86,6 @@ def _quantity(value: Any) -> str:
     if not isinstance(value, str) or not QUANTITY.fullmatch(value):
         raise ValueError(f"{show(value)} is not a Kubernetes quantity (examples: 8, 500m, 64Gi, 1.5G)")
     return value
-
-
-def parse_duration(value: Any) -> int:
-    """`24h`, `1d`, `1w`, `1h30m`, `90s` or a number of seconds -> seconds; ValueError says why not.
-
-    The one duration parser: job.yaml's durations and `orch wait --timeout` use it.
-    """
-    if isinstance(value, bool):
-        raise ValueError("must be a duration like 30m, 24h or 1d")
-    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
-        value = int(value)
-    if isinstance(value, int):
-        seconds = value
-    elif isinstance(value, str) and len(value) <= 64 and DURATION.fullmatch(value):
-        seconds = sum(int(n) * DURATION_SECONDS[unit] for n, unit in DURATION_PART.findall(value))
-    else:
-        raise ValueError(f"{show(value)} is not a duration (examples: 90s, 30m, 1h30m, 24h, 1d, 1w)")
-    if seconds <= 0:
-        raise ValueError("must be longer than 0 seconds")
-    if seconds > MAX_DURATION_SECONDS:
-        raise ValueError(f"{seconds} seconds is longer than the bound, {MAX_DURATION_SECONDS} (68 years)")
-    return seconds
 
 
 def _path(value: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -55,3 +56,30 @@ def test_spec_error_is_one_line_with_exit_code_2(tmp_path):
         "starting with a letter)"
     ]
     assert "Traceback" not in result.stderr
+
+
+DURATIONS_OK = {"90s": 90, "1h30m": 5400, "1d": 86400, "1w": 604800, "2w1d": 1296000, "600": 600}
+DURATIONS_BAD = ["1y", "", "1h\n", "0", "0s", "-5", "1.5h", "h", "99999999999s"]
+
+
+@pytest.mark.parametrize("text", [*DURATIONS_OK, *DURATIONS_BAD])
+def test_job_file_and_cli_durations_agree(text, tmp_path):
+    """`deadline:` in job.yaml and `orch wait --timeout` share one parser: same seconds, same refusals."""
+    from orchestrator import loading
+    from orchestrator.commands.common import DURATION
+    from orchestrator.errors import SpecError
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: d\ntrain: {{task: digits}}\ndeadline: {text!r}\n")
+    if text in DURATIONS_OK:
+        assert loading.load_job(job).deadline == DURATION.convert(text, None, None) == DURATIONS_OK[text]
+    else:
+        with pytest.raises(SpecError):
+            loading.load_job(job)
+        with pytest.raises(click.BadParameter):
+            DURATION.convert(text, None, None)
+
+
+def test_wait_refuses_a_bad_timeout_before_connecting():
+    result = CliRunner().invoke(cli, ["wait", "demo", "--timeout", "1y", "--kubeconfig", "/nonexistent"])
+    assert result.exit_code == 2 and "'1y' is not a duration" in result.output

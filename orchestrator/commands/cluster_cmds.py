@@ -7,13 +7,12 @@ and the stdlib are imported here; `kubernetes` comes in through `orchestrator.cl
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from orchestrator.commands.common import job_options, load_job, output_option
+from orchestrator.commands.common import DURATION, job_options, load_job, output_option
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,27 +22,6 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_TIMEOUT = 124  # like timeout(1)
-
-
-class Duration(click.ParamType):
-    """`90s`, `10m`, `2h`, `1d`, `1h30m`, or a number of seconds."""
-
-    name = "duration"
-    _part = re.compile(r"(\d+)([smhd])")
-    _units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip()
-        if text.isdigit():
-            return int(text)
-        if text and self._part.sub("", text) == "":
-            return sum(int(n) * self._units[u] for n, u in self._part.findall(text))
-        self.fail(f"{value!r} is not a duration like 90s, 10m, 2h or 1h30m", param, ctx)
-
-
-DURATION = Duration()
 
 
 def cluster_options(fn: F) -> F:

@@ -13,6 +13,23 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Duration(click.ParamType):
+    """`90s`, `10m`, `2h`, `1d`, `1w`, `1h30m`, or a number of seconds: the job file's duration parser."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from orchestrator.durations import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+DURATION = Duration()
+
+
 def job_options(fn: F) -> F:
     """`JOB` (path to job.yaml) and repeatable `--set key.path=value` overrides."""
     fn = click.option(
