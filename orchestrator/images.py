@@ -364,8 +364,12 @@ def build_and_push(request: BuildRequest, *, tool: str | None = None) -> str:
     return ref
 
 
-def plan(request: BuildRequest, tool: str) -> tuple[str, list[list[str]]]:
-    """What `build_and_push` would run, without running it: (image reference, [argv, ...])."""
+def plan(request: BuildRequest, tool: str | None = None) -> tuple[str, list[list[str]]]:
+    """What `build_and_push` would run, without running it: (image reference, [argv, ...]).
+
+    `tool` None: the first of TOOLS on PATH (docker if none is), with no daemon probe: a dry run runs nothing.
+    """
+    tool = tool or next((t for t in TOOLS if shutil.which(t)), TOOLS[0])
     args = default_build_args(request.context, request.build_args)
     tag = request.tag or context_tag(request.context, request.dockerfile, request.build_args)
     ref = image_ref(request.image, tag)

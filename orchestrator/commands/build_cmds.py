@@ -53,7 +53,6 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
       REF=$(orch build --image ghcr.io/acme/trainer --push) && orch submit job.yaml --set image=$REF
     """
     import shlex
-    import shutil
 
     from orchestrator import images
 
@@ -66,9 +65,7 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
         push=push,
     )
     if dry_run:
-        # No daemon probe on a dry run: show the command for the tool that would be tried first.
-        chosen = tool or next((t for t in images.TOOLS if shutil.which(t)), images.TOOLS[0])
-        ref, commands = images.plan(request, chosen)
+        ref, commands = images.plan(request, tool)
         for argv in commands:
             click.echo(shlex.join(argv))
     else:

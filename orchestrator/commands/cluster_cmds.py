@@ -72,7 +72,6 @@ def _build_image(
     push is returned, so the printed objects show the image the job would run.
     """
     import shlex
-    import shutil
 
     from orchestrator import images
 
@@ -81,8 +80,7 @@ def _build_image(
         push=True,
     )  # fmt: skip
     if dry_run:
-        chosen = tool or next((t for t in images.TOOLS if shutil.which(t)), images.TOOLS[0])
-        ref, commands = images.plan(request, chosen)
+        ref, commands = images.plan(request, tool)
         for argv in commands:
             _note(shlex.join(argv))
         return ref

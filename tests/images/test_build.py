@@ -193,6 +193,22 @@ def test_dry_run_prints_commands_then_the_reference(tool: str, context: Path) ->
     assert last == ref
 
 
+@pytest.mark.parametrize(("on_path", "shown"), [(("buildah", "podman"), "podman"), ((), "docker")])
+def test_dry_run_without_tool_shows_the_first_tool_on_path(
+    on_path: tuple[str, ...], shown: str, context: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch build --dry-run` and `orch submit --build --dry-run` share this choice (images.plan): no daemon
+    is probed, since nothing runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in on_path:
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    _, commands = images.plan(images.BuildRequest(context=str(context), push=True))
+    assert [argv[0] for argv in commands] == [shown, shown]
+
+
 def test_dry_run_of_the_repo_passes_revision_and_is_stable() -> None:
     first = orch("build", "--dry-run", "--tool", "podman", cwd=REPO_ROOT)
     second = orch("build", "--dry-run", "--tool", "podman", cwd=REPO_ROOT)
