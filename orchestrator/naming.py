@@ -37,6 +37,9 @@ SCHEDULER_COSCHEDULING = "scheduler-plugins-scheduler"
 # The Prometheus operator's Prometheus selects PodMonitors by this label (kube-prometheus-stack: the Helm release).
 LABEL_PROMETHEUS_RELEASE = "release"
 
+# --- Annotations orch puts on what it submits.
+ANNOTATION_SUBMISSION = "orch.dev/submission"  # one random id per `orch submit`: recognises its own objects
+
 # --- Labels the Kubeflow training operator (v1.9) puts on the pods it creates (read-only for orch).
 LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)

@@ -3,12 +3,20 @@
 `orch status`, `orch list`, `orch logs` and `orch wait` read the objects `orchestrator.cluster` fetched through
 these. What differs between job APIs (which conditions mean what, which labels name a pod's role) comes from
 the job's `JobAPI` (orchestrator/cluster/apis/); everything here is the same for all of them. The phase is
-orch's own word, the same on every API: Pending, Created, Running, Restarting, Suspended, Succeeded, Failed.
+orch's own word, the same on every API: Pending, Created, Running, Restarting, Suspended, Succeeded, Failed,
+and Unknown when the job's status cannot be read.
+
+Every function here is total over JSON values: the objects come from a server, and any field may be
+missing, null or of another type. Fields are read only through `dig`, `text`, `to_int` and `objects`,
+which turn anything malformed into "", 0 or nothing; a malformed `status.conditions` makes the phase
+Unknown. So `orch status/list/wait/logs` print what they can instead of a traceback (tests/cluster/
+test_status_total.py feeds them random mutations of real objects).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,7 +25,9 @@ if TYPE_CHECKING:
     from orchestrator.cluster.apis import JobAPI
 
 PENDING = "Pending"  # no condition is True yet: the controller has not seen the job
+UNKNOWN = "Unknown"  # the job's status is there but cannot be read (not a list of conditions)
 FINISHED = frozenset({"Failed", "Succeeded"})
+INT64_MAX = 2**63 - 1
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -69,73 +79,80 @@ class JobStatus:
         return asdict(self)
 
 
-def phase_by_precedence(job: dict[str, Any], precedence: Sequence[str]) -> str:
-    """The first of `precedence` with a condition whose status is "True"; Pending when none is."""
-    true_types = {c.get("type") for c in _conditions(job) if c.get("status") == "True"}
+def phase_by_precedence(job: Any, precedence: Sequence[str]) -> str:
+    """The first of `precedence` with a condition whose status is "True"; Pending when none is,
+    Unknown when the conditions cannot be read."""
+    conditions = _conditions(job)
+    if conditions is None:
+        return UNKNOWN
+    true_types = {text(c.get("type")) for c in conditions if c.get("status") == "True"}
     return next((p for p in precedence if p in true_types), PENDING)
 
 
-def true_condition(job: dict[str, Any], ctype: str) -> dict[str, Any]:
-    """The last condition of type `ctype` whose status is "True"; {} when there is none."""
-    matches = [c for c in _conditions(job) if c.get("type") == ctype and c.get("status") == "True"]
-    return matches[-1] if matches else {}
+def true_condition(job: Any, ctype: str) -> dict[str, Any]:
+    """The last condition of type `ctype` whose status is "True" (its type, status, reason and message, as
+    strings); {} when there is none."""
+    matches = [c for c in _conditions(job) or [] if c.get("type") == ctype and c.get("status") == "True"]
+    if not matches:
+        return {}
+    return {key: text(matches[-1].get(key)) for key in ("type", "status", "reason", "message")}
 
 
-def replica_counts(counts: dict[str, Any]) -> dict[str, int]:
-    return {key: int(counts.get(key) or 0) for key in ("active", "succeeded", "failed")}
+def replica_counts(counts: Any) -> dict[str, int]:
+    return {key: to_int(dig(counts, key)) for key in ("active", "succeeded", "failed")}
 
 
 def job_status(
     api: JobAPI,
-    job: dict[str, Any],
-    pods: Sequence[dict[str, Any]] = (),
-    events: Sequence[dict[str, Any]] = (),
+    job: Any,
+    pods: Sequence[Any] = (),
+    events: Sequence[Any] = (),
 ) -> JobStatus:
-    meta, status = job.get("metadata") or {}, job.get("status") or {}
     condition = api.phase_condition(job)
     return JobStatus(
-        name=meta.get("name", ""),
-        namespace=meta.get("namespace", ""),
+        name=text(dig(job, "metadata", "name")),
+        namespace=text(dig(job, "metadata", "namespace")),
         kind=api.resource.kind,
         phase=api.phase(job),
-        reason=condition.get("reason", ""),
-        message=condition.get("message", ""),
+        reason=text(condition.get("reason")),
+        message=text(condition.get("message")),
         replicas={role: ReplicaStatus(**counts) for role, counts in api.replicas(job).items()},
-        created=meta.get("creationTimestamp", ""),
-        start_time=status.get("startTime", ""),
-        completion_time=status.get("completionTime", ""),
+        created=text(dig(job, "metadata", "creationTimestamp")),
+        start_time=text(dig(job, "status", "startTime")),
+        completion_time=text(dig(job, "status", "completionTime")),
         restarts=api.restarts(job, list(pods)),
         pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
     )
 
 
-def container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
+def container_status(pod: Any, container: str) -> dict[str, Any]:
     """The status of the pod's container named `container`; {} before the kubelet reports it."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    statuses = objects(dig(pod, "status", "containerStatuses"))
     return next((c for c in statuses if c.get("name") == container), {})
 
 
-def pod_summary(api: JobAPI, pod: dict[str, Any]) -> PodSummary:
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+def pod_summary(api: JobAPI, pod: Any) -> PodSummary:
     container = container_status(pod, api.container)
-    shown = status.get("phase") or PENDING
-    waiting = (container.get("state") or {}).get("waiting") or {}
-    if meta.get("deletionTimestamp"):
+    shown = text(dig(pod, "status", "phase")) or PENDING
+    waiting = text(dig(container, "state", "waiting", "reason"))
+    if dig(pod, "metadata", "deletionTimestamp"):
         shown = "Terminating"
-    elif waiting.get("reason") and waiting["reason"] != "ContainerCreating":
-        shown = waiting["reason"]  # CrashLoopBackOff, ImagePullBackOff, ...: more useful than "Pending"
-    terminated = (container.get("lastState") or {}).get("terminated") or {}
+    elif waiting and waiting != "ContainerCreating":
+        shown = waiting  # CrashLoopBackOff, ImagePullBackOff, ...: more useful than "Pending"
+    terminated = dig(container, "lastState", "terminated")
     last = ""
-    if terminated:
-        last = f"{terminated.get('reason') or 'Terminated'} (exit {terminated.get('exitCode', '?')})"
+    if isinstance(terminated, dict) and terminated:
+        code = terminated.get("exitCode")
+        code_text = str(code) if isinstance(code, int) and not isinstance(code, bool) else "?"
+        last = f"{text(terminated.get('reason')) or 'Terminated'} (exit {code_text})"
     role, index = api.pod_role(pod)
     return PodSummary(
-        name=meta.get("name", ""),
+        name=text(dig(pod, "metadata", "name")),
         role=role,
         index=index,
         phase=shown,
-        node=spec.get("nodeName") or "",
+        node=text(dig(pod, "spec", "nodeName")),
         restarts=restart_count(pod, api.container),
         last_termination=last,
     )
@@ -146,62 +163,64 @@ def pod_order(pod: PodSummary) -> tuple[int, int, str]:
     return (0 if pod.role == "master" else 1, pod.index, pod.name)
 
 
-def container_started(pod: dict[str, Any], container: str) -> bool:
+def container_started(pod: Any, container: str) -> bool:
     """Whether the container has (or had) a log to read: running or terminated, now or before."""
     found = container_status(pod, container)
-    state, last = found.get("state") or {}, found.get("lastState") or {}
-    return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
+    return bool(
+        dig(found, "state", "running")
+        or dig(found, "state", "terminated")
+        or dig(found, "lastState", "terminated")
+    )
 
 
-def restart_count(pod: dict[str, Any], container: str) -> int:
-    return int(container_status(pod, container).get("restartCount") or 0)
+def restart_count(pod: Any, container: str) -> int:
+    return to_int(container_status(pod, container).get("restartCount"))
 
 
-def container_running(pod: dict[str, Any], container: str) -> bool:
-    return bool((container_status(pod, container).get("state") or {}).get("running"))
+def container_running(pod: Any, container: str) -> bool:
+    return bool(dig(container_status(pod, container), "state", "running"))
 
 
-def warning_events(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def warning_events(events: Sequence[Any]) -> list[dict[str, Any]]:
     """Warning events, oldest first (the last ones are the most recent)."""
-    warnings = [e for e in events if e.get("type") == "Warning"]
-    return sorted(warnings, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    warnings = [e for e in events if isinstance(e, dict) and e.get("type") == "Warning"]
+    return sorted(warnings, key=lambda e: text(e.get("lastTimestamp")) or text(e.get("eventTime")))
 
 
 def event_summary(event: dict[str, Any]) -> dict[str, str]:
-    obj = event.get("involvedObject") or {}
     return {
-        "time": event.get("lastTimestamp") or event.get("eventTime") or "",
-        "object": f"{obj.get('kind', '')}/{obj.get('name', '')}",
-        "reason": event.get("reason", ""),
-        "message": event.get("message", ""),
+        "time": text(event.get("lastTimestamp")) or text(event.get("eventTime")),
+        "object": f"{text(dig(event, 'involvedObject', 'kind'))}/{text(dig(event, 'involvedObject', 'name'))}",
+        "reason": text(event.get("reason")),
+        "message": text(event.get("message")),
     }
 
 
 # --- `orch list` -------------------------------------------------------------------------------------------
 
 
-def template_gpus(template: dict[str, Any] | None, container: str) -> int:
+def template_gpus(template: Any, container: str) -> int:
     """The GPUs a pod template's `container` asks for (its limit)."""
-    for c in ((template or {}).get("spec") or {}).get("containers") or []:
+    for c in objects(dig(template, "spec", "containers")):
         if c.get("name") == container:
-            return to_int(((c.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE))
+            return to_int(dig(c, "resources", "limits", GPU_RESOURCE))
     return 0
 
 
-def list_row(api: JobAPI, job: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
-    meta = job.get("metadata") or {}
+def list_row(api: JobAPI, job: Any, now: datetime.datetime) -> dict[str, Any]:
     nodes, gpus = api.nodes_and_gpus(job)
     condition = api.phase_condition(job)
+    created = text(dig(job, "metadata", "creationTimestamp"))
     return {
-        "name": meta.get("name", ""),
-        "namespace": meta.get("namespace", ""),
+        "name": text(dig(job, "metadata", "name")),
+        "namespace": text(dig(job, "metadata", "namespace")),
         "kind": api.resource.kind,
         "phase": api.phase(job),
-        "age": age(meta.get("creationTimestamp", ""), now),
+        "age": age(created, now),
         "nodes": nodes,
         "gpus_per_node": gpus,
-        "reason": condition.get("reason", ""),
-        "created": meta.get("creationTimestamp", ""),
+        "reason": text(condition.get("reason")),
+        "created": created,
     }
 
 
@@ -217,11 +236,13 @@ def age(timestamp: str, now: datetime.datetime) -> str:
     return f"{seconds}s"
 
 
-def parse_time(timestamp: str) -> datetime.datetime | None:
+def parse_time(timestamp: Any) -> datetime.datetime | None:
+    """An RFC 3339 time as an aware datetime (UTC when it names no zone); None if it is not one."""
     try:
-        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
+        parsed = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except (ValueError, AttributeError, TypeError):
         return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
 
 
 # --- text tables -------------------------------------------------------------------------------------------
@@ -293,12 +314,45 @@ def format_list(rows: list[dict[str, Any]], *, wide: bool = False, all_namespace
     return table(out)
 
 
-def _conditions(job: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((job.get("status") or {}).get("conditions") or [])
+# --- reading JSON from a server: total accessors ---------------------------------------------------------
+
+
+def dig(value: Any, *keys: str) -> Any:
+    """`value[k1][k2]...` through mappings; None where a key is missing or a value is not a mapping."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def text(value: Any) -> str:
+    """A string field: the string, else "" (a number or list where a name belongs is not shown)."""
+    return value if isinstance(value, str) else ""
 
 
 def to_int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
+    """A count: a whole number (or a string of digits) from 0 to int64's max, else 0."""
+    if isinstance(value, bool):
         return 0
+    if isinstance(value, float):
+        value = int(value) if math.isfinite(value) and value.is_integer() else 0
+    elif isinstance(value, str):
+        value = int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else 0
+    return value if isinstance(value, int) and 0 <= value <= INT64_MAX else 0
+
+
+def objects(value: Any) -> list[dict[str, Any]]:
+    """The mappings of a list field (other items skipped); [] if it is not a list."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _conditions(job: Any) -> list[dict[str, Any]] | None:
+    """The readable conditions; None when `status.conditions` is there but not a list (the phase is Unknown)."""
+    status = dig(job, "status")
+    if status is not None and not isinstance(status, dict):
+        return None
+    conditions = dig(status, "conditions")
+    if conditions is None:
+        return []
+    return objects(conditions) if isinstance(conditions, list) else None

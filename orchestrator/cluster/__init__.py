@@ -26,6 +26,7 @@ from orchestrator.cluster.errors import (
     ClusterError,
     ClusterUnreachable,
     Forbidden,
+    Interrupted,
     KubeconfigError,
     NotFound,
     OperatorNotInstalled,
@@ -33,7 +34,7 @@ from orchestrator.cluster.errors import (
 )
 from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
 from orchestrator.cluster.logs import LogFollower, stream_logs
-from orchestrator.cluster.objects import Submission, choose_api, prepare, submit
+from orchestrator.cluster.objects import Submission, choose_api, prepare, signals_interrupt, submit
 from orchestrator.cluster.resources import Resource
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "ClusterUnreachable",
     "choose_api",
     "Forbidden",
+    "Interrupted",
     "Job",
     "KubeconfigError",
     "LogFollower",
@@ -60,6 +62,7 @@ __all__ = [
     "poll_seconds",
     "prepare",
     "resolve_namespace",
+    "signals_interrupt",
     "stream_logs",
     "submit",
     "wait_for",

@@ -4,14 +4,30 @@ Every request is retried a bounded number of times with exponential backoff on 4
 errors (`Retry-After` is honoured). Anything that still fails becomes a `ClusterError` whose message names the
 verb and resource, chained `from` the client's exception. Reads ask for the raw JSON (`_preload_content=False`)
 so every object stays a plain dict, the shape `orch render` prints and `orchestrator.status` reads.
+
+What the server answers is checked at this edge: an answer that is not a JSON object (an HTML login page
+with 200, a list where an object belongs, list items that are not objects) is a `ClusterError`, never a
+traceback further up. Parsing the objects' fields is `orchestrator.status`'s job, and total.
+
+Deadline: talking to the API server is bounded by `request_timeout` seconds (`--request-timeout`,
+$ORCH_REQUEST_TIMEOUT, default 60; 0 = no limit), retries and backoff included. By default the bound covers
+every request the command makes; inside `patiently()` (waiting for a job, following logs, waiting for a
+deletion) it covers each request on its own. An unresponsive server therefore ends a command after that
+long, with a message that says so, instead of after retries x read timeouts (once over six minutes).
+
+Secrets: no message leaves this module with a credential in it. The server URL is shown without its
+password, and every message is scrubbed of the kubeconfig's credentials (`secrets`), including any a
+server echoes back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cluster.errors import (
@@ -38,18 +54,60 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 DEFAULT_NAMESPACE = "default"
-REQUEST_TIMEOUT = (10, 60)  # seconds (connect, read) for ordinary calls
+CONNECT_TIMEOUT = 10.0  # seconds one attempt may take to connect
 FOLLOW_READ_TIMEOUT = 300  # seconds a followed log may stay silent before orch reconnects
+DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds orch waits for the API server, retries included (see module doc)
 
 # Tunables, from the environment so tests (and impatient users) can shorten them.
+REQUEST_TIMEOUT_ENV = "ORCH_REQUEST_TIMEOUT"  # the deadline; `--request-timeout` overrides it
 POLL_SECONDS_ENV = "ORCH_POLL_SECONDS"  # how often wait/logs -f/status re-read the job and its pods
 RETRIES_ENV = "ORCH_API_RETRIES"  # retries of one API call on 429/5xx/connection errors
 BACKOFF_ENV = "ORCH_API_BACKOFF_SECONDS"  # first retry delay; doubles each time, capped at MAX_BACKOFF
+READ_TIMEOUT_ENV = "ORCH_API_READ_TIMEOUT"  # seconds one attempt waits for an answer before retrying
 MAX_BACKOFF = 30.0
 
 
 def poll_seconds() -> float:
     return float(os.environ.get(POLL_SECONDS_ENV, "2"))
+
+
+def request_timeout_from_env() -> float:
+    """$ORCH_REQUEST_TIMEOUT in seconds (a number, or a duration like 90s or 2m; 0: no limit), else the default."""
+    from orchestrator.durations import parse_duration
+
+    raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_REQUEST_TIMEOUT
+    if raw == "0":
+        return 0.0
+    try:
+        return float(parse_duration(raw))
+    except ValueError as e:
+        raise ClusterError(f"${REQUEST_TIMEOUT_ENV}: {e}; or 0 for no limit") from None
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password in it replaced by ***: http://admin:***@host:6443."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(an unreadable URL)"
+    if parts.password is None and parts.username is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if user else f"***@{host}"))
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret replaced by ***."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def seconds(value: float) -> str:
+    return f"{value:g}s"
 
 
 class Cluster:
@@ -63,16 +121,46 @@ class Cluster:
         server: str = "",
         retries: int | None = None,
         backoff: float | None = None,
+        request_timeout: float | None = None,
+        secrets: Iterable[str] = (),
+        kubectl_flags: tuple[str, ...] = (),
     ) -> None:
         from kubernetes import client
 
         self.api_client = api_client
         self.namespace = namespace
-        self.server = server or api_client.configuration.host
+        self.secrets = tuple(s for s in secrets if s)
+        self.server = scrub(server or redact_url(api_client.configuration.host), self.secrets)
         self.retries = int(os.environ.get(RETRIES_ENV, "5")) if retries is None else retries
         self.backoff = float(os.environ.get(BACKOFF_ENV, "0.5")) if backoff is None else backoff
+        self.read_timeout = float(os.environ.get(READ_TIMEOUT_ENV, "60"))
+        self.request_timeout = request_timeout_from_env() if request_timeout is None else request_timeout
+        self.kubectl_flags = kubectl_flags  # --context/--kubeconfig, for commands orch tells users to run
+        self._per_request = False  # inside patiently(): the deadline bounds each request, not all of them
+        self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+
+    # --- the deadline
+
+    def renew_deadline(self) -> None:
+        """Start a new `request_timeout` window for what follows (e.g. a rollback after a timeout)."""
+        self._deadline = time.monotonic() + self.request_timeout if self.request_timeout > 0 else None
+
+    @contextlib.contextmanager
+    def patiently(self) -> Iterator[None]:
+        """Within: orch waits for the job, not for the server, so the deadline bounds each request alone."""
+        outer = self._per_request
+        self._per_request = True
+        try:
+            yield
+        finally:
+            self._per_request = outer
+            self.renew_deadline()
+
+    def kubectl(self, *args: str) -> str:
+        """A kubectl command line for the user, aimed at this cluster and namespace."""
+        return " ".join(["kubectl", *self.kubectl_flags, "-n", self.namespace, *args])
 
     # --- discovery (open to every authenticated user; most users may not read CRDs)
 
@@ -86,24 +174,36 @@ class Cluster:
         )
         try:
             if group:
-                raw = self._call("get", probe, None, self.custom.get_api_resources, group, version)
+                answer = self._request("get", probe, None, self.custom.get_api_resources, group, version)
             else:
-                raw = self._call("get", probe, None, self.core.get_api_resources)
+                answer = self._request("get", probe, None, self.core.get_api_resources)
         except NotFound:
             return None
-        return [str(r.get("name")) for r in _json(raw).get("resources") or []]
+        resources = answer.get("resources")
+        return (
+            [str(r.get("name")) for r in resources if isinstance(r, dict)]
+            if isinstance(resources, list)
+            else []
+        )
 
     def api_groups(self) -> dict[str, list[str]]:
         """Every API group the server serves, with its versions (preferred first): one discovery request."""
         from kubernetes import client
 
         probe = Resource("", "", "apis", "APIGroupList")
-        raw = self._call("get", probe, None, client.ApisApi(self.api_client).get_api_versions)
-        groups = {}
-        for group in _json(raw).get("groups") or []:
-            preferred = (group.get("preferredVersion") or {}).get("version")
-            versions = [v.get("version") for v in group.get("versions") or [] if v.get("version")]
-            groups[str(group.get("name"))] = sorted(versions, key=lambda v: v != preferred)
+        answer = self._request("get", probe, None, client.ApisApi(self.api_client).get_api_versions)
+        groups: dict[str, list[str]] = {}
+        for group in answer.get("groups") if isinstance(answer.get("groups"), list) else []:
+            if not isinstance(group, dict) or not isinstance(group.get("name"), str):
+                continue
+            preferred = (
+                group.get("preferredVersion") if isinstance(group.get("preferredVersion"), dict) else {}
+            ).get("version")
+            listed = group.get("versions") if isinstance(group.get("versions"), list) else []
+            versions = [
+                v["version"] for v in listed if isinstance(v, dict) and isinstance(v.get("version"), str)
+            ]
+            groups[group["name"]] = sorted(versions, key=lambda v: v != preferred)
         return groups
 
     def served(self, resource: Resource) -> bool:
@@ -114,7 +214,7 @@ class Cluster:
         """The API server's `/version` (gitVersion, major, minor, platform...)."""
         from kubernetes import client
 
-        return _json(self._call("get", VERSION, None, client.VersionApi(self.api_client).get_code))
+        return self._request("get", VERSION, None, client.VersionApi(self.api_client).get_code)
 
     def can_i(self, verb: str, resource: Resource) -> tuple[bool, str]:
         """A SelfSubjectAccessReview: may the caller `verb` `resource` in this namespace? (allowed, reason)"""
@@ -133,11 +233,14 @@ class Cluster:
             },
         }
         fn = client.AuthorizationV1Api(self.api_client).create_self_subject_access_review
-        answer = _json(self._call("create", SELF_SUBJECT_ACCESS_REVIEW, None, fn, review)).get("status") or {}
-        return bool(answer.get("allowed")), str(answer.get("reason") or "")
+        answer = self._request("create", SELF_SUBJECT_ACCESS_REVIEW, None, fn, review).get("status")
+        answer = answer if isinstance(answer, dict) else {}
+        return answer.get("allowed") is True, answer.get("reason") if isinstance(
+            answer.get("reason"), str
+        ) else ""
 
     def nodes(self) -> list[dict[str, Any]]:
-        return list(_json(self._call("list", NODE, None, self.core.list_node)).get("items") or [])
+        return self._items("list", NODE, self._request("list", NODE, None, self.core.list_node))
 
     # --- objects
 
@@ -146,17 +249,18 @@ class Cluster:
         options = {"dry_run": "All"} if dry_run else {}
         if resource == CONFIGMAP:
             fn: Callable[..., Any] = self.core.create_namespaced_config_map
-            raw = self._call("create", resource, name, fn, self.namespace, obj, **options)
-        else:
-            fn = self.custom.create_namespaced_custom_object
-            args = (resource.group, resource.version, self.namespace, resource.plural, obj)
-            raw = self._call("create", resource, name, fn, *args, **options)
-        return _json(raw)
+            return self._request("create", resource, name, fn, self.namespace, obj, **options)
+        fn = self.custom.create_namespaced_custom_object
+        args = (resource.group, resource.version, self.namespace, resource.plural, obj)
+        return self._request("create", resource, name, fn, *args, **options)
 
     def get(self, resource: Resource, name: str) -> dict[str, Any]:
-        """One custom object (orch reads single objects of its CRDs only; pods come from `list`)."""
+        """One object of orch's CRDs, or one of its ConfigMaps (pods come from `list`)."""
+        if resource == CONFIGMAP:
+            fn: Callable[..., Any] = self.core.read_namespaced_config_map
+            return self._request("get", resource, name, fn, name, self.namespace)
         args = (resource.group, resource.version, self.namespace, resource.plural, name)
-        return _json(self._call("get", resource, name, self.custom.get_namespaced_custom_object, *args))
+        return self._request("get", resource, name, self.custom.get_namespaced_custom_object, *args)
 
     def find(self, resource: Resource, name: str) -> dict[str, Any] | None:
         try:
@@ -169,36 +273,41 @@ class Cluster:
     ) -> list[dict[str, Any]]:
         options = {"label_selector": selector} if selector else {}
         if resource == POD:
-            raw = self._call("list", resource, None, self.core.list_namespaced_pod, self.namespace, **options)
+            answer = self._request(
+                "list", resource, None, self.core.list_namespaced_pod, self.namespace, **options
+            )
         elif resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
-            fn: Callable[..., Any] = self.core.list_namespaced_event
-            raw = self._call("list", resource, None, fn, self.namespace, field_selector="type=Warning")
+            fn = self.core.list_namespaced_event
+            answer = self._request("list", resource, None, fn, self.namespace, field_selector="type=Warning")
         elif all_namespaces:
             fn = self.custom.list_cluster_custom_object
-            raw = self._call(
+            answer = self._request(
                 "list", resource, None, fn, resource.group, resource.version, resource.plural, **options
             )
         else:
             fn = self.custom.list_namespaced_custom_object
             args = (resource.group, resource.version, self.namespace, resource.plural)
-            raw = self._call("list", resource, None, fn, *args, **options)
-        return list(_json(raw).get("items") or [])
+            answer = self._request("list", resource, None, fn, *args, **options)
+        return self._items("list", resource, answer)
 
     def patch(self, resource: Resource, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of one custom object (orch adds ownerReferences this way)."""
         fn = self.custom.patch_namespaced_custom_object
         args = (resource.group, resource.version, self.namespace, resource.plural, name, changes)
-        return _json(self._call("patch", resource, name, fn, *args))
+        return self._request("patch", resource, name, fn, *args)
 
-    def delete(self, resource: Resource, name: str, *, propagation: str = "Background") -> None:
+    def delete(
+        self, resource: Resource, name: str, *, propagation: str = "Background", dry_run: bool = False
+    ) -> None:
+        options = {"propagation_policy": propagation, **({"dry_run": "All"} if dry_run else {})}
         if resource == CONFIGMAP:
             fn: Callable[..., Any] = self.core.delete_namespaced_config_map
-            self._call("delete", resource, name, fn, name, self.namespace, propagation_policy=propagation)
+            self._request("delete", resource, name, fn, name, self.namespace, **options)
         else:
             fn = self.custom.delete_namespaced_custom_object
             args = (resource.group, resource.version, self.namespace, resource.plural, name)
-            self._call("delete", resource, name, fn, *args, propagation_policy=propagation)
+            self._request("delete", resource, name, fn, *args, **options)
 
     def log_lines(
         self,
@@ -220,20 +329,32 @@ class Cluster:
 
         # A followed stream may stay quiet for long: a generous read timeout, after which the caller
         # resumes (the log follower does) instead of hanging forever on a dead connection.
-        timeout = (REQUEST_TIMEOUT[0], FOLLOW_READ_TIMEOUT) if follow else REQUEST_TIMEOUT
+        if follow:
+            options["_request_timeout"] = (CONNECT_TIMEOUT, FOLLOW_READ_TIMEOUT)
         fn = self.core.read_namespaced_pod_log
-        response = self._call(
-            "get", POD_LOG, pod, fn, pod, self.namespace, _request_timeout=timeout, **options
-        )
+        response = self._call("get", POD_LOG, pod, fn, pod, self.namespace, **options)
         try:
             yield from _lines(response)
         except urllib3.exceptions.HTTPError as e:
-            if not follow:
-                raise ClusterUnreachable(f"the log stream of pod {pod} broke off: {e}") from e
+            # A followed stream breaks when the container exits or the connection drops: the follower
+            # reads on from the last line it got, so the lines the server still has are not lost.
+            raise ClusterUnreachable(self._scrub(f"the log stream of pod {pod} broke off: {e}")) from e
         finally:
             response.release_conn()
 
-    # --- one request: retries and translation
+    # --- one request: retries, deadline, translation
+
+    def _request(
+        self,
+        verb: str,
+        resource: Resource,
+        name: str | None,
+        fn: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """`_call`, and its answer as a JSON object (anything else is the server's error, said so)."""
+        return self._decode(self._call(verb, resource, name, fn, *args, **kwargs), verb, resource, name)
 
     def _call(
         self,
@@ -244,34 +365,114 @@ class Cluster:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        """`fn(*args)` with bounded retries on 429/5xx/connection errors; failures become ClusterErrors."""
+        """`fn(*args)` with bounded retries on 429/5xx/connection errors, within the deadline; failures
+        become ClusterErrors. A `_request_timeout` given by the caller (a followed log) is kept as is."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
         kwargs.setdefault("_preload_content", False)
-        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
+        fixed_timeout = kwargs.pop("_request_timeout", None)
+        deadline = self._call_deadline()
+        last_error: Exception | None = None
         for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise self._expired(verb, resource, name, last_error)
+            if fixed_timeout is not None:
+                timeout: Any = fixed_timeout
+            elif remaining is None:
+                timeout = (CONNECT_TIMEOUT, self.read_timeout)
+            else:
+                timeout = (min(CONNECT_TIMEOUT, remaining), min(self.read_timeout, remaining))
             try:
-                return fn(*args, **kwargs)
+                return fn(*args, _request_timeout=timeout, **kwargs)
             except ApiException as e:
-                if last or not _retryable(e.status):
+                if attempt == self.retries or not _retryable(e.status):
                     raise self._translate(e, verb, resource, name) from e
-                delay = _retry_after(e) or self.backoff * 2**attempt
+                last_error, delay = e, _retry_after(e) or self.backoff * 2**attempt
             except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS...
-                if last:
-                    reason = getattr(e, "reason", None) or e
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._expired(verb, resource, name, e) from e
+                if attempt == self.retries:
                     raise ClusterUnreachable(
-                        f"cannot reach the Kubernetes API at {self.server} after {attempt + 1} attempts: {reason}"
+                        self._scrub(
+                            f"cannot reach the Kubernetes API at {self.server} after {attempt + 1} attempts: "
+                            f"{_reason(e)}"
+                        )
                     ) from e
-                delay = self.backoff * 2**attempt
-            time.sleep(min(delay, MAX_BACKOFF))
+                last_error, delay = e, self.backoff * 2**attempt
+            delay = min(delay, MAX_BACKOFF)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise self._expired(verb, resource, name, last_error) from last_error
+            time.sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _call_deadline(self) -> float | None:
+        if self.request_timeout <= 0:
+            return None
+        if self._per_request:
+            return time.monotonic() + self.request_timeout
+        if self._deadline is None:
+            self.renew_deadline()
+        return self._deadline
+
+    def _expired(
+        self, verb: str, resource: Resource, name: str | None, last: Exception | None
+    ) -> ClusterUnreachable:
+        what = f"{resource} {name}" if name else str(resource)
+        said = ""
+        if last is not None:
+            status = getattr(last, "status", None)
+            said = f"; last: HTTP {status} {_status_message(last)}" if status else f"; last: {_reason(last)}"
+        return ClusterUnreachable(
+            self._scrub(
+                f"the Kubernetes API at {self.server} did not answer within {seconds(self.request_timeout)} "
+                f"(--request-timeout, or ${REQUEST_TIMEOUT_ENV}, sets how long orch waits): {verb} {what}{said}"
+            )
+        )
+
+    def _decode(self, response: Any, verb: str, resource: Resource, name: str | None) -> dict[str, Any]:
+        data = response.data if hasattr(response, "data") else response
+        try:
+            answer = json.loads(data) if data else {}
+        except (TypeError, ValueError):
+            answer = None
+        if isinstance(answer, dict):
+            return answer
+        headers = getattr(response, "headers", None) or {}
+        raise self._not_the_api(verb, resource, name, headers.get("Content-Type") or "no content type", data)
+
+    def _items(self, verb: str, resource: Resource, answer: dict[str, Any]) -> list[dict[str, Any]]:
+        """The `items` of a List answer; each one must be an object."""
+        items = answer.get("items")
+        if items is None:
+            return []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise self._not_the_api(verb, resource, None, "application/json", json.dumps(answer)[:200])
+        return items
+
+    def _not_the_api(
+        self, verb: str, resource: Resource, name: str | None, content_type: str, data: Any
+    ) -> ClusterError:
+        what = f"{resource} {name}" if name else str(resource)
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+        text = " ".join(text.split())
+        text = text if len(text) <= 80 else text[:77] + "..."
+        return ClusterError(
+            self._scrub(
+                f"the answer to {verb} {what} from {self.server} is not a Kubernetes API answer "
+                f"({content_type.split(';')[0]}: {text or 'empty'}); is the server URL in the kubeconfig "
+                "right? (a proxy or a login page may be answering in its place)"
+            )
+        )
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self.secrets)
 
     def _translate(self, e: Any, verb: str, resource: Resource, name: str | None) -> ClusterError:
         what = f"{resource} {name}" if name else str(resource)
         where = f'in namespace "{self.namespace}"'
-        said = _status_message(e)
+        said = self._scrub(_status_message(e))
         if e.status == 401:
             return Unauthorized(
                 f"unauthorized: the API server at {self.server} rejected orch's credentials "
@@ -283,7 +484,13 @@ class Cluster:
             return NotFound(f"{what} not found {where}")
         if e.status == 409:
             return AlreadyExists(f"{what} already exists {where}")
-        return ClusterError(f"{verb} {what} {where} failed: HTTP {e.status} {e.reason}: {said}")
+        return ClusterError(
+            f"{verb} {what} {where} failed: HTTP {e.status} {self._scrub(str(e.reason))}: {said}"
+        )
+
+
+def _reason(e: Exception) -> str:
+    return str(getattr(e, "reason", None) or e)
 
 
 def _retryable(status_code: int | None) -> bool:
@@ -301,14 +508,10 @@ def _retry_after(e: Any) -> float | None:
 def _status_message(e: Any) -> str:
     """The API server's own explanation (a `Status` object's message), else the HTTP reason."""
     try:
-        return str(json.loads(e.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(e.reason or "")
-
-
-def _json(response: Any) -> dict[str, Any]:
-    data = response.data if hasattr(response, "data") else response
-    return json.loads(data) if data else {}
+        message = json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError, IndexError):
+        message = None
+    return message if isinstance(message, str) and message else str(e.reason or "")
 
 
 def _lines(response: Any) -> Iterator[str]:

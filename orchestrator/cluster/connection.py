@@ -3,15 +3,23 @@
 `--kubeconfig`, else `$KUBECONFIG` (several files, merged; missing ones skipped), else `~/.kube/config`, else
 the in-cluster service account; `--context` picks a context; the namespace is `-n`, else the job's
 `namespace`, else the context's namespace, else `default`.
+
+A kubeconfig is user input: each file is parsed here first (YAML errors and wrong shapes become one
+`kubeconfig FILE:LINE:COL: field: what is wrong` line, exit 2) before the client reads it, and whatever the
+client's loader still throws is reported the same way. A credential plugin (`user.exec`) that fails stops
+the command with its message; the client would only log it and send the requests without credentials.
+The kubeconfig's credentials are handed to `Cluster` as `secrets`, so no message can print them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
-from typing import cast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
-from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster
+from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
 
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -24,6 +32,7 @@ class Target:
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
+    request_timeout: float | None = None  # seconds; None: $ORCH_REQUEST_TIMEOUT or the default
 
 
 def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
@@ -32,6 +41,7 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
 
     path = _kubeconfig_path(target.kubeconfig)
     configuration = client.Configuration()
+    secrets: list[str] = []
     if path is None:
         if target.context:
             raise KubeconfigError(f"--context {target.context} needs a kubeconfig, and none was found")
@@ -45,21 +55,43 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
         context_namespace = _read_file(IN_CLUSTER_NAMESPACE_FILE)
         where = "in-cluster service account"
     else:
-        context_namespace, context_name = _context_namespace(path, target.context)
+        kubeconfig = Kubeconfig.read(path)
+        context_name = target.context or kubeconfig.current_context
+        context = kubeconfig.context(context_name, explicit=target.context is not None)
+        kubeconfig.check_server(context_name)
+        context_namespace = context.get("namespace")
+        user = kubeconfig.user(context.get("user"))
+        secrets = kubeconfig.secrets()
+        errors = _LoggedErrors()
         try:
-            config.load_kube_config(
-                config_file=path,
-                context=target.context,
-                client_configuration=configuration,
-                persist_config=False,
-            )
-        except (config.ConfigException, OSError, ValueError) as e:
-            raise KubeconfigError(f"cannot use kubeconfig {path} (context {context_name}): {e}") from e
+            with errors.captured():
+                config.load_kube_config(
+                    config_file=path,
+                    context=target.context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
+        except Exception as e:  # the client's loader of user input raises anything; say it in one line
+            raise KubeconfigError(
+                scrub(f"kubeconfig {path}: context {context_name}: cannot use it: {e}", secrets)
+            ) from e
+        if errors.messages:  # e.g. the exec plugin failed: the client would go on without credentials
+            raise KubeconfigError(scrub(_credentials_message(path, context, user, errors.messages), secrets))
         where = f"context {context_name}"
     # orch retries itself (with backoff and a clear final message); urllib3's silent retries would stack.
     configuration.retries = 0
+    secrets += _configuration_secrets(configuration)
     namespace = target.namespace or job_namespace or context_namespace or DEFAULT_NAMESPACE
-    return Cluster(client.ApiClient(configuration), namespace, server=f"{configuration.host} ({where})")
+    flags = (*(("--kubeconfig", target.kubeconfig) if target.kubeconfig else ()),
+             *(("--context", target.context) if target.context else ()))  # fmt: skip
+    return Cluster(
+        client.ApiClient(configuration),
+        namespace,
+        server=f"{redact_url(configuration.host)} ({where})",
+        request_timeout=target.request_timeout,
+        secrets=secrets,
+        kubectl_flags=flags,
+    )
 
 
 def resolve_namespace(target: Target, *, job_namespace: str | None = None) -> str:
@@ -69,7 +101,11 @@ def resolve_namespace(target: Target, *, job_namespace: str | None = None) -> st
     path = _kubeconfig_path(target.kubeconfig)
     if path is None:
         return _read_file(IN_CLUSTER_NAMESPACE_FILE) or DEFAULT_NAMESPACE
-    return _context_namespace(path, target.context)[0] or DEFAULT_NAMESPACE
+    kubeconfig = Kubeconfig.read(path)
+    context = kubeconfig.context(
+        target.context or kubeconfig.current_context, explicit=target.context is not None
+    )
+    return context.get("namespace") or DEFAULT_NAMESPACE
 
 
 def _kubeconfig_path(explicit: str | None) -> str | None:
@@ -88,22 +124,224 @@ def _kubeconfig_path(explicit: str | None) -> str | None:
     return default if os.path.exists(default) else None
 
 
-def _context_namespace(path: str, context: str | None) -> tuple[str | None, str]:
-    from kubernetes import config
+# --- reading kubeconfigs ------------------------------------------------------------------------------------
+
+# Fields of a kubeconfig user that hold credentials (client-go's AuthInfo, and the auth-provider config).
+SECRET_KEYS = frozenset(
+    {"token", "password", "client-key-data", "access-token", "refresh-token", "id-token", "client-secret"}
+)
+
+
+@dataclass
+class Kubeconfig:
+    """The parts of one or more kubeconfig files orch reads, merged like kubectl (the first file wins)."""
+
+    path: str
+    contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    users: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    current_context: str | None = None
+    raw_users: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: str) -> Kubeconfig:
+        merged = cls(path)
+        for file in path.split(os.pathsep):
+            data, positions = _parse(file)
+            _check_shape(file, data, positions)
+            for item in data.get("contexts") or []:
+                merged.contexts.setdefault(item["name"], item.get("context") or {})
+            for item in data.get("clusters") or []:
+                merged.clusters.setdefault(item["name"], item.get("cluster") or {})
+            for item in data.get("users") or []:
+                merged.users.setdefault(item["name"], item.get("user") or {})
+                merged.raw_users.append(item.get("user"))
+            if merged.current_context is None:
+                merged.current_context = data.get("current-context") or None
+        return merged
+
+    def context(self, name: str | None, *, explicit: bool) -> dict[str, Any]:
+        if name not in self.contexts:
+            available = ", ".join(sorted(self.contexts)) or "none"
+            which = f"context {name!r} is" if explicit else "no current-context is"
+            raise KubeconfigError(
+                f"{which} not in kubeconfig {self.path} (contexts: {available}); pick one with --context"
+            )
+        return self.contexts[name]
+
+    def check_server(self, name: str | None) -> None:
+        """The context's cluster must exist and name a server (else the client would send to "")."""
+        cluster = self.contexts[name].get("cluster")
+        if cluster not in self.clusters:
+            raise KubeconfigError(
+                f"kubeconfig {self.path}: context {name}: its cluster {cluster!r} is not defined"
+            )
+        if not self.clusters[cluster].get("server"):
+            raise KubeconfigError(f"kubeconfig {self.path}: context {name}: cluster {cluster} has no server")
+
+    def user(self, name: str | None) -> tuple[str, dict[str, Any]]:
+        return name or "", self.users.get(name or "", {})
+
+    def secrets(self) -> list[str]:
+        """Every credential written in the users section (and in exec plugins' environment)."""
+        found: list[str] = []
+        budget = [100_000]  # nodes visited: YAML aliases can make a small file a huge tree
+
+        def walk(node: Any, key: str = "") -> None:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    walk(v, str(k))
+                    if k == "env" and isinstance(v, list):  # exec: [{name, value}]
+                        found.extend(str(e.get("value")) for e in v if isinstance(e, dict) and e.get("value"))
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v, key)
+            elif key in SECRET_KEYS and node not in (None, ""):
+                found.append(str(node))
+
+        walk(self.raw_users)
+        return found
+
+
+def _parse(file: str) -> tuple[dict[str, Any], dict[tuple[str | int, ...], tuple[int, int]]]:
+    """A kubeconfig file's data and the position of each value; nothing of its text is echoed in errors."""
+    import yaml
 
     try:
-        contexts, current = config.list_kube_config_contexts(path)
-    except (config.ConfigException, OSError, ValueError) as e:
-        raise KubeconfigError(f"cannot read kubeconfig {path}: {e}") from e
-    by_name = {c["name"]: c for c in contexts or []}
-    name = context or (current or {}).get("name")
-    if name not in by_name:
-        available = ", ".join(sorted(by_name)) or "none"
-        which = f"context {name!r} is" if context else "no current-context is"
-        raise KubeconfigError(
-            f"{which} not in kubeconfig {path} (contexts: {available}); pick one with --context"
+        with open(file, "rb") as f:
+            text = f.read(MAX_KUBECONFIG_BYTES + 1)
+    except OSError as e:
+        raise KubeconfigError(f"kubeconfig {file}: cannot read it: {e.strerror}") from e
+    if len(text) > MAX_KUBECONFIG_BYTES:
+        raise KubeconfigError(f"kubeconfig {file}: larger than {MAX_KUBECONFIG_BYTES // 2**20} MiB")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) if node is not None else {}
+    except yaml.MarkedYAMLError as e:  # its str() quotes the line, which may hold a token: not shown
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = " ".join(str(p) for p in (e.context, e.problem) if p)
+        raise KubeconfigError(f"kubeconfig {file}{where}: not valid YAML: {problem}") from None
+    except yaml.YAMLError as e:
+        reason = getattr(e, "reason", None) or type(e).__name__
+        raise KubeconfigError(f"kubeconfig {file}: not valid YAML: {reason}") from None
+    except RecursionError:
+        raise KubeconfigError(f"kubeconfig {file}: not valid YAML: nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string"}.get(type(data), type(data).__name__)
+        raise KubeconfigError(f"kubeconfig {file}:1:1: not a kubeconfig (a YAML {kind}, not a mapping)")
+    return data, _positions(node) if node is not None else {}
+
+
+MAX_KUBECONFIG_BYTES = 16 * 2**20
+
+
+def _positions(node: Any, path: tuple[str | int, ...] = ()) -> dict[tuple[str | int, ...], tuple[int, int]]:
+    import yaml
+
+    found = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            found.update(_positions(value, (*path, key.value)))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found.update(_positions(item, (*path, index)))
+    return found
+
+
+def _check_shape(
+    file: str, data: dict[str, Any], positions: dict[tuple[str | int, ...], tuple[int, int]]
+) -> None:
+    """What orch and the client read must have the kubeconfig's shape, else one line naming the field."""
+
+    def fail(path: tuple[str | int, ...], problem: str) -> None:
+        line, column = next(
+            (positions[path[:n]] for n in range(len(path), -1, -1) if path[:n] in positions), (1, 1)
         )
-    return (by_name[name].get("context") or {}).get("namespace"), cast(str, name)  # a key of by_name
+        dotted = "".join(
+            f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path)
+        )
+        raise KubeconfigError(f"kubeconfig {file}:{line}:{column}: {dotted}: {problem}")
+
+    def mapping(value: Any, path: tuple[str | int, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            fail(path, "not a mapping")
+        return value
+
+    def string(value: Any, path: tuple[str | int, ...]) -> None:
+        if value is not None and not isinstance(value, str):
+            fail(path, "not a string")
+
+    string(data.get("current-context"), ("current-context",))
+    for section, inner in (("contexts", "context"), ("clusters", "cluster"), ("users", "user")):
+        items = data.get(section)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            fail((section,), "not a list")
+        for index, item in enumerate(items):
+            path: tuple[str | int, ...] = (section, index)
+            mapping(item, path)
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+                fail(path, "has no name")
+            body = mapping(item.get(inner), (*path, inner))
+            keys = {"context": ("cluster", "user", "namespace"), "cluster": ("server",), "user": ()}[inner]
+            for key in keys:
+                string(body.get(key), (*path, inner, key))
+            if inner == "user" and body.get("exec") is not None:
+                mapping(body["exec"], (*path, inner, "exec"))
+
+
+class _LoggedErrors(logging.Handler):
+    """Collects what the kubernetes client logs at ERROR while loading a kubeconfig (it logs, not raises,
+    when a credential plugin fails) and keeps it off stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def captured(self) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope() -> Iterator[None]:
+            root = logging.getLogger()
+            root.addHandler(self)
+            try:
+                yield
+            finally:
+                root.removeHandler(self)
+
+        return scope()
+
+
+def _credentials_message(
+    path: str, context: dict[str, Any], user: tuple[str, dict[str, Any]], logged: list[str]
+) -> str:
+    name, body = user
+    said = " ".join(" ".join(m.split()) for m in logged)
+    plugin = body.get("exec")
+    if isinstance(plugin, dict):
+        return f"the credential plugin of kubeconfig user {name} ({plugin.get('command')}) failed: {said}"
+    return f"kubeconfig {path}: the credentials of user {name} could not be loaded: {said}"
+
+
+def _configuration_secrets(configuration: Any) -> list[str]:
+    """Credentials the client holds (tokens from plugins included), bare and with their prefixes."""
+    found = [str(configuration.password or "")]
+    for value in (configuration.api_key or {}).values():
+        found += [str(value), str(value).partition(" ")[2]]
+    return [s for s in found if len(s) >= 4]
 
 
 def _read_file(path: str) -> str | None:

@@ -39,3 +39,11 @@ class AlreadyExists(ClusterError):
 
 class OperatorNotInstalled(ClusterError):
     """The API server serves none of the job APIs orch can submit to (or not the one asked for)."""
+
+
+class Interrupted(ClusterError):
+    """Ctrl-C or a signal ended a command midway (after it cleaned up); exit 128 + the signal number."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

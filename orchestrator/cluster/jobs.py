@@ -23,7 +23,11 @@ class Job:
 
     @property
     def name(self) -> str:
-        return str(self.obj["metadata"]["name"])
+        return status.text(status.dig(self.obj, "metadata", "name"))
+
+    @property
+    def namespace(self) -> str:
+        return status.text(status.dig(self.obj, "metadata", "namespace"))
 
     @property
     def phase(self) -> str:
@@ -76,7 +80,7 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     job = locate(cluster, name)
     pods = job_pods(cluster, job)
     mine = job.api.related_names(job.obj, pods)
-    events = [e for e in cluster.list(EVENT) if (e.get("involvedObject") or {}).get("name") in mine]
+    events = [e for e in cluster.list(EVENT) if status.text(status.dig(e, "involvedObject", "name")) in mine]
     return status.job_status(job.api, job.obj, pods, events)
 
 
@@ -98,7 +102,7 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
         jobs += [Job(api, obj) for obj in found]
     if len(refused) == len(all_apis()):
         raise refused[0]
-    return sorted(jobs, key=lambda j: (j.obj["metadata"].get("namespace", ""), j.name, j.api.key))
+    return sorted(jobs, key=lambda j: (j.namespace, j.name, j.api.key))
 
 
 def wait_for(
@@ -112,17 +116,18 @@ def wait_for(
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = None
     job = locate(cluster, name)
-    while True:
-        if job.phase != seen:
-            on_phase(job.phase)
-            seen = job.phase
-        if job.phase in status.FINISHED:
-            return job
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return None
-        time.sleep(poll_seconds() if remaining is None else min(poll_seconds(), remaining))
-        job = refresh(cluster, job)
+    with cluster.patiently():
+        while True:
+            if job.phase != seen:
+                on_phase(job.phase)
+                seen = job.phase
+            if job.phase in status.FINISHED:
+                return job
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            time.sleep(poll_seconds() if remaining is None else min(poll_seconds(), remaining))
+            job = refresh(cluster, job)
 
 
 def delete_job(cluster: Cluster, name: str, *, wait: bool = False, timeout: float = 600) -> Job:
@@ -141,7 +146,8 @@ def delete(cluster: Cluster, api: JobAPI, name: str, *, wait: bool = False, time
     if not wait:
         return
     deadline = time.monotonic() + timeout
-    while cluster.find(api.resource, name) is not None:
-        if time.monotonic() > deadline:
-            raise ClusterError(f"job {name} was still being deleted after {timeout:.0f}s")
-        time.sleep(poll_seconds())
+    with cluster.patiently():
+        while cluster.find(api.resource, name) is not None:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"job {name} was still being deleted after {timeout:.0f}s")
+            time.sleep(poll_seconds())

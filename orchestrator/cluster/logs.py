@@ -123,6 +123,10 @@ class LogFollower:
         self.restarts = 0  # whole-job restarts seen so far
 
     def run(self) -> jobs.Job | None:
+        with self.cluster.patiently():  # waiting for the job: the deadline bounds each request alone
+            return self._run()
+
+    def _run(self) -> jobs.Job | None:
         self.refresh()
         next_refresh = time.monotonic() + poll_seconds()
         while True:
@@ -133,7 +137,12 @@ class LogFollower:
             except queue.Empty:
                 pass
             if self.finished_at is not None:
-                drained = all(r.done.is_set() for r in self.readers.values()) and self.lines.empty()
+                # A reader that ended with an error (a stream that broke as the container exited) is not
+                # drained: the next refresh reads on from its last line.
+                drained = self.lines.empty() and all(
+                    r.done.is_set() and (r.error is None or isinstance(r.error, Forbidden))
+                    for r in self.readers.values()
+                )
                 if drained or time.monotonic() - self.finished_at > self.drain_seconds:
                     while not self.lines.empty():
                         self.emit(*self.lines.get_nowait())
@@ -162,7 +171,7 @@ class LogFollower:
         container = self.job.api.container
         for p in pods:
             summary = status.pod_summary(self.job.api, p)
-            key = (p["metadata"].get("uid", ""), summary.restarts)
+            key = (status.text(status.dig(p, "metadata", "uid")), summary.restarts)
             current = self.readers.get(summary.name)
             if not status.container_started(p, container):
                 if summary.name not in self.waiting_noted:
@@ -208,7 +217,8 @@ class LogFollower:
                 reader.last_timestamp = stamp
                 self.lines.put((pod.label, text))
         except ClusterError as e:
-            reader.error = e  # e.g. the container is between restarts; the next round retries
+            # the stream broke (read on from the last line), or the container is between restarts
+            reader.error = e
         finally:
             reader.done.set()
 

@@ -1,17 +1,40 @@
-"""Submitting rendered objects: the job first, then the objects it owns; all of them or none."""
+"""Submitting rendered objects: the job first, then the objects it owns; all of them or none.
+
+All or none holds whatever ends a submit midway: an API error, Ctrl-C, SIGTERM (`signals_interrupt`), or a
+bug. What was created is deleted again (newest first), including an object whose create was in flight when
+the submit was interrupted, if the server has it. If the rollback itself fails, the message lists exactly
+what was left and the kubectl command that removes it.
+
+Every object of one submit carries the annotation `orch.dev/submission` with the same random id. A create
+that the server stored but answered too late (a client timeout) is retried by the client and answered
+"already exists": an object with our id is our own and the submit carries on; anything else is not taken
+over.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import naming
 from orchestrator.cluster import jobs
 from orchestrator.cluster.apis import JobAPI, all_apis, by_key
 from orchestrator.cluster.client import Cluster, poll_seconds
-from orchestrator.cluster.errors import AlreadyExists, ClusterError, NotFound, OperatorNotInstalled
+from orchestrator.cluster.errors import (
+    AlreadyExists,
+    ClusterError,
+    ClusterUnreachable,
+    Interrupted,
+    NotFound,
+    OperatorNotInstalled,
+)
 from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
 
 
@@ -44,7 +67,7 @@ def owner_reference(api: JobAPI, job: dict[str, Any], *, block: bool = True) -> 
         "apiVersion": api.resource.api_version,
         "kind": api.resource.kind,
         "name": job["metadata"]["name"],
-        "uid": job["metadata"].get("uid") or "",
+        "uid": _uid(job) or "",
         "controller": True,
         "blockOwnerDeletion": block,
     }
@@ -54,6 +77,55 @@ def owner_reference(api: JobAPI, job: dict[str, Any], *, block: bool = True) -> 
 class Submission:
     created: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # kubectl refs of what --replace deleted (or would)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # the orch.dev/submission annotation
+
+
+class Signalled(BaseException):
+    """SIGTERM/SIGHUP as an exception, the way Ctrl-C is KeyboardInterrupt: rollbacks and `finally` run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP raise `Signalled` (only the main thread can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Signalled(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """Within: SIGINT/SIGTERM/SIGHUP are noted, not acted on (a second Ctrl-C must not stop a rollback)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in signals}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def ref(resource: Resource, name: str) -> str:
+    """kubectl's name for an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
+    return f"{resource.kind.lower()}{'.' + resource.group if resource.group else ''}/{name}"
 
 
 def job_api_of(objects: Sequence[dict[str, Any]]) -> tuple[JobAPI, dict[str, Any]]:
@@ -97,40 +169,58 @@ def submit(
         result.skipped.append(f"{PODMONITOR.kind}/{name}")
         objects = [o for o in objects if o["kind"] != PODMONITOR.kind]
 
-    if cluster.find(api.resource, name) is not None:
+    existing = cluster.find(api.resource, name)
+    if existing is not None:
         if not replace:
             raise AlreadyExists(
                 f'job {name} already exists in namespace "{cluster.namespace}"; use --replace to delete '
                 f"it and submit again, or `orch delete {name}` first"
             )
-        if not dry_run:
-            jobs.delete(cluster, api, name, wait=True, timeout=replace_timeout)
-            _wait_gone(cluster, [(kinds[o["kind"]], o) for o in objects if kinds[o["kind"]] in api.before],
-                       timeout=replace_timeout)  # fmt: skip
+        if dry_run:  # the server checks the delete too; the creates below then meet the old objects
+            cluster.delete(api.resource, name, propagation="Foreground", dry_run=True)
+        else:
+            with cluster.patiently():
+                jobs.delete(cluster, api, name, wait=True, timeout=replace_timeout)
+                _wait_gone(cluster, [(kinds[o["kind"]], o) for o in objects if kinds[o["kind"]] in api.before],
+                           timeout=replace_timeout)  # fmt: skip
+        result.deleted.append(ref(api.resource, name))
+    replaced_uid = _uid(existing) if dry_run else None
 
+    for obj in objects:
+        obj["metadata"].setdefault("annotations", {})[naming.ANNOTATION_SUBMISSION] = result.id
     # What the job refers to (a TrainJob's TrainingRuntime) must exist first; it is owned once the job exists.
     first = [o for o in objects if kinds[o["kind"]] in api.before]
     after = [o for o in objects if o is not job and o not in first]
+    in_flight: tuple[Resource, str] | None = None  # sent, not answered (yet): the server may have it
+
+    def create(obj: dict[str, Any]) -> dict[str, Any]:
+        nonlocal in_flight
+        in_flight = (kinds[obj["kind"]], obj["metadata"]["name"])
+        created = _create(cluster, in_flight[0], obj, result, dry_run=dry_run, replaced_uid=replaced_uid)
+        result.created.append(created)
+        in_flight = None
+        return created
+
     try:
         for obj in first:
-            result.created.append(cluster.create(kinds[obj["kind"]], obj, dry_run=dry_run))
-        created_job = cluster.create(api.resource, job, dry_run=dry_run)
-        result.created.append(created_job)
-        owner = owner_reference(api, created_job if created_job.get("metadata") else job)
+            create(obj)
+        created_job = create(job)
+        owner = owner_reference(api, created_job)
         # Not blocking: Trainer < v2.3 keeps a finalizer on a runtime while a TrainJob refers to it, so a
         # foreground deletion of the TrainJob that waited for its runtime would wait forever.
-        referred = owner_reference(api, created_job if created_job.get("metadata") else job, block=False)
+        referred = owner_reference(api, created_job, block=False)
         for obj in first:
             if not dry_run:
                 changes = {"metadata": {"ownerReferences": [referred]}}
                 cluster.patch(kinds[obj["kind"]], obj["metadata"]["name"], changes)
         for obj in after:
             obj["metadata"]["ownerReferences"] = [owner]
-            result.created.append(cluster.create(kinds[obj["kind"]], obj, dry_run=dry_run))
-    except ClusterError as e:
-        if dry_run or not result.created:
-            raise
-        _roll_back(cluster, result.created, e)
+            create(obj)
+    except BaseException as e:
+        if dry_run and isinstance(e, ClusterError):
+            raise  # nothing was stored
+        _roll_back(cluster, result, in_flight, e)
+        raise
     return result
 
 
@@ -150,6 +240,53 @@ def choose_api(cluster: Cluster, wanted: str) -> tuple[JobAPI, str]:
             0
         ], f"the cluster serves {kinds}; auto picks {served[0].resource.kind} (--api to choose)"
     return served[0], f"the cluster serves {served[0].resource.kind} only"
+
+
+def _create(
+    cluster: Cluster,
+    resource: Resource,
+    obj: dict[str, Any],
+    result: Submission,
+    *,
+    dry_run: bool,
+    replaced_uid: str | None,
+) -> dict[str, Any]:
+    """Create `obj`; an "already exists" answer for an object of this very submission is success."""
+    name = obj["metadata"]["name"]
+    try:
+        answer = cluster.create(resource, obj, dry_run=dry_run)
+    except AlreadyExists as e:
+        found = cluster.find(resource, name)
+        if found is not None and _annotation(found) == result.id:
+            return _as_created(obj, found)  # our create was stored, its answer lost; the retry met it
+        if dry_run and found is not None and replaced_uid and replaced_uid in (_uid(found), *_owners(found)):
+            return obj  # validated; it would be created once the replaced job and what it owns are gone
+        raise AlreadyExists(
+            f"{e} and was not created by this submit; remove it "
+            f"({cluster.kubectl('delete', ref(resource, name))}) or choose another job name"
+        ) from e
+    return _as_created(obj, answer)
+
+
+def _as_created(sent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """What was sent, with the uid the server gave it (only that is read from the answer)."""
+    uid = _uid(answer)
+    return {**sent, "metadata": {**sent["metadata"], **({"uid": uid} if uid else {})}}
+
+
+def _annotation(obj: dict[str, Any]) -> Any:
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    return annotations.get(naming.ANNOTATION_SUBMISSION) if isinstance(annotations, dict) else None
+
+
+def _uid(obj: dict[str, Any] | None) -> str | None:
+    uid = ((obj or {}).get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) and uid else None
+
+
+def _owners(obj: dict[str, Any]) -> list[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences")
+    return [r.get("uid") for r in refs if isinstance(r, dict)] if isinstance(refs, list) else []
 
 
 def not_installed_message(api: JobAPI, server: str) -> str:
@@ -172,20 +309,47 @@ def _wait_gone(cluster: Cluster, objects: list[tuple[Resource, dict[str, Any]]],
             time.sleep(poll_seconds())
 
 
-def _roll_back(cluster: Cluster, created: list[dict[str, Any]], cause: ClusterError) -> None:
-    """Delete what this submit created (newest first), then re-raise `cause` saying so."""
+def _roll_back(
+    cluster: Cluster, result: Submission, in_flight: tuple[Resource, str] | None, cause: BaseException
+) -> None:
+    """Delete what this submit created (newest first), then raise `cause` (or `Interrupted`) saying so."""
     kinds = submittable()
-    undone, left = [], []
-    for obj in reversed(created):
-        resource, name = kinds[obj["kind"]], obj["metadata"]["name"]
-        try:
-            cluster.delete(resource, name)
-            undone.append(f"{resource.kind.lower()}/{name}")
-        except NotFound:
-            undone.append(f"{resource.kind.lower()}/{name}")
-        except ClusterError:
-            left.append(f"{resource.kind.lower()}/{name}")
-    note = f"rolled back: deleted {', '.join(undone)}" if undone else "nothing was created"
+    doomed = [(kinds[o["kind"]], o["metadata"]["name"]) for o in reversed(result.created)]
+    undone: list[str] = []
+    left: list[str] = []
+    with _signals_deferred():
+        cluster.renew_deadline()  # the cause may have been the deadline: the rollback gets its own
+        answered = isinstance(cause, ClusterError) and not isinstance(cause, ClusterUnreachable)
+        if in_flight is not None and not answered:  # sent, never answered: the server may have stored it
+            try:
+                found = cluster.find(*in_flight)
+                if found is not None and _annotation(found) == result.id:
+                    doomed.insert(0, in_flight)
+            except ClusterError:
+                doomed.insert(0, in_flight)  # cannot tell: try the delete (a 404 is fine)
+        for resource, name in doomed:
+            try:
+                cluster.delete(resource, name)
+                undone.append(ref(resource, name))
+            except NotFound:
+                if (resource, name) != in_flight:
+                    undone.append(ref(resource, name))
+            except ClusterError:
+                left.append(ref(resource, name))
+    notes = [f"rolled back: deleted {', '.join(undone)}"] if undone else []
     if left:
-        note += f"; could NOT delete {', '.join(left)}: delete by hand"
-    raise type(cause)(f"{cause} ({note})") from cause
+        them = "them" if len(left) > 1 else "it"
+        notes.append(
+            f"rollback FAILED: left {', '.join(left)} in namespace {cluster.namespace}; "
+            f"remove {them} with: {cluster.kubectl('delete', *left)}"
+        )
+    note = "; ".join(notes) or "nothing was created"
+    if isinstance(cause, ClusterError):
+        if not notes:
+            raise cause  # the first create failed: the error says all
+        raise type(cause)(f"{cause} ({note})") from cause
+    if isinstance(cause, KeyboardInterrupt):
+        raise Interrupted(f"interrupted (SIGINT); {note}", signum=signal.SIGINT) from None
+    if isinstance(cause, Signalled):
+        raise Interrupted(f"interrupted ({cause}); {note}", signum=cause.signum) from None
+    cause.add_note(f"orch: {note}")  # a bug: its traceback, with what the rollback did

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator import status
 from orchestrator.cluster.apis import all_apis, trainjob
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
@@ -28,7 +29,7 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     groups = cluster.api_groups()
     facts: dict[str, Any] = {
         "server": cluster.server,
-        "version": cluster.server_version().get("gitVersion"),
+        "version": status.text(cluster.server_version().get("gitVersion")) or None,
         "namespace": cluster.namespace,
         "apis": {},
         "jobset_versions": groups.get(JOBSET.group, []),
@@ -51,7 +52,9 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     if facts["apis"]["trainjob"]["versions"]:
         try:
             runtimes = cluster.list(trainjob.CLUSTER_TRAINING_RUNTIME, all_namespaces=True)
-            facts["cluster_runtimes"] = sorted(r["metadata"]["name"] for r in runtimes)
+            facts["cluster_runtimes"] = sorted(
+                status.text(status.dig(r, "metadata", "name")) for r in runtimes
+            )
         except ClusterError as e:
             facts["cluster_runtimes"], facts["runtimes_error"] = None, str(e)
     monitoring = cluster.api_resources(PODMONITOR.group, PODMONITOR.version) or []
@@ -59,9 +62,9 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     try:
         facts["nodes"] = [
             {
-                "name": n["metadata"]["name"],
-                "gpus": int(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)),
-                "product": (n["metadata"].get("labels") or {}).get(GPU_PRODUCT_LABEL),
+                "name": status.text(status.dig(n, "metadata", "name")),
+                "gpus": status.to_int(status.dig(n, "status", "allocatable", GPU_RESOURCE)),
+                "product": status.text(status.dig(n, "metadata", "labels", GPU_PRODUCT_LABEL)) or None,
             }
             for n in cluster.nodes()
         ]

@@ -24,6 +24,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_TIMEOUT = 124  # like timeout(1)
 
 
+REQUEST_TIMEOUT_KEY = "orch.request_timeout"
+
+
+def _remember_request_timeout(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from orchestrator.durations import parse_duration
+
+    if value is None or value.strip() == "0":
+        ctx.meta[REQUEST_TIMEOUT_KEY] = None if value is None else 0
+        return
+    try:
+        ctx.meta[REQUEST_TIMEOUT_KEY] = parse_duration(value.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; or 0 for no limit", ctx, param) from None
+
+
 def cluster_options(fn: F) -> F:
     """`--kubeconfig`, `--context`, `-n/--namespace`: which cluster and namespace, as with kubectl (commands
     that take a job name: there is no job file to take a namespace from)."""
@@ -38,6 +53,15 @@ def submit_cluster_options(fn: F) -> F:
 
 
 def _cluster_options(fn: F, namespace_help: str) -> F:
+    # --request-timeout: how long orch waits for the API server (kept in the context, read by `_connect`)
+    fn = click.option(
+        "--request-timeout",
+        metavar="DURATION",
+        expose_value=False,
+        callback=_remember_request_timeout,
+        help="Give up when the API server has not answered for this long, retries included, e.g. 30s or 2m; "
+        "0: never. Default: $ORCH_REQUEST_TIMEOUT, else 60s.",
+    )(fn)
     fn = click.option("-n", "--namespace", help=namespace_help)(fn)
     fn = click.option("--context", help="Kubeconfig context to use (default: its current-context).")(fn)
     return click.option(
@@ -52,7 +76,9 @@ def _connect(
 ) -> Cluster:
     from orchestrator import cluster
 
-    return cluster.connect(cluster.Target(kubeconfig, context, namespace), job_namespace=job_namespace)
+    timeout = click.get_current_context().meta.get(REQUEST_TIMEOUT_KEY)
+    target = cluster.Target(kubeconfig, context, namespace, request_timeout=timeout)
+    return cluster.connect(target, job_namespace=job_namespace)
 
 
 def _warn(message: str) -> None:
@@ -199,8 +225,13 @@ def submit(
         _note(f"api: {chosen.key} ({why})")
     if chosen.key != rendered_api:
         objects = render.render(spec, api=chosen.key)
-    result = cluster.submit(target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=_warn)
+    with cluster.signals_interrupt():  # SIGTERM rolls back like Ctrl-C does
+        result = cluster.submit(
+            target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=_warn
+        )
     suffix = " (server dry run)" if dry_run == "server" else ""
+    for ref in result.deleted:
+        click.echo(f"{ref} deleted{suffix}")
     for obj in result.created:
         click.echo(f"{_ref(obj)} created{suffix}")
     _warn_once(spec, chosen.key)

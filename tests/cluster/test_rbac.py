@@ -11,7 +11,7 @@ import yaml
 from orchestrator import cluster
 from tests.cluster.test_trainjob import submit as submit_trainjob
 from tests.fakes.cli import FAST, Env, write_kubeconfig
-from tests.fakes.emulator import CONFIGMAPS, JOBS, TRAININGRUNTIMES, TRAINJOBS, serve
+from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS, TRAININGRUNTIMES, TRAINJOBS, serve
 from tests.fakes.trainer import TrainerV2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,17 @@ def test_the_role_covers_every_call_and_only_those(both, job_file):
     )  # 1 + 3 retries
     assert env.orch("submit", str(job_file)).exit_code == 1
     assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == []
+    # creates whose answers never come: the ConfigMap's retry meets it (get), the PodMonitor is rolled back
+    kube.clear_faults()
+    kube.hang("post", "/api/v1/namespaces/team-a/configmaps", after=True)
+    kube.hang("post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", after=True)
+    kube.hang(
+        "post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", times=100
+    )  # its retries
+    slow = {"ORCH_API_READ_TIMEOUT": "1", "ORCH_REQUEST_TIMEOUT": "4"}
+    assert env.orch("submit", str(job_file), env=slow).exit_code == 1
+    assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == [] and kube.names(PODMONITORS) == []
+    kube.clear_faults()
 
     submit_trainjob(env, job_file)
     trainer = TrainerV2(kube, NS, "demo")
@@ -92,7 +103,9 @@ def test_the_role_covers_every_call_and_only_those(both, job_file):
     assert env.orch("wait", "demo").exit_code == 0
     assert env.orch("delete", "demo", "--wait").exit_code == 0
     kube.fail("post", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs", 500, times=10)
-    with pytest.raises(cluster.ClusterError, match="rolled back: deleted trainingruntime/demo"):
+    with pytest.raises(
+        cluster.ClusterError, match="rolled back: deleted trainingruntime.trainer.kubeflow.org/demo"
+    ):
         submit_trainjob(env, job_file)
     assert kube.names(TRAINJOBS) == [] and kube.names(TRAININGRUNTIMES) == []
 

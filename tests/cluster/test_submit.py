@@ -36,6 +36,12 @@ def test_submit_creates_owned_objects_status_list_delete(env, job_file):
     expected = {o["kind"]: o for o in rendered(job_file)}
     sent = {r.data["kind"]: r.data for r in kube.requests("post")}
     assert sent["PyTorchJob"] == expected["PyTorchJob"] | {"metadata": sent["PyTorchJob"]["metadata"]}
+    # ... and one annotation: the id of this submission, the same on every object (it recognises them)
+    submission = sent["PyTorchJob"]["metadata"]["annotations"]["orch.dev/submission"]
+    assert re.fullmatch(r"[0-9a-f]{32}", submission)
+    for obj in expected.values():
+        meta = obj["metadata"]
+        meta["annotations"] = {**meta.get("annotations", {}), "orch.dev/submission": submission}
     assert {
         k: v
         for k, v in sent["PyTorchJob"]["metadata"].items()
@@ -56,6 +62,7 @@ def test_submit_creates_owned_objects_status_list_delete(env, job_file):
         stored = kube.get(resource, NS, name)
         assert stored["metadata"]["ownerReferences"] == [owner]
         assert stored["metadata"]["labels"] == expected[kind]["metadata"]["labels"]
+        assert stored["metadata"]["annotations"] == expected[kind]["metadata"]["annotations"]
         assert {k: v for k, v in stored.items() if k != "metadata"} == {
             k: v for k, v in expected[kind].items() if k != "metadata"
         }
@@ -280,7 +287,7 @@ def test_failure_midway_leaves_nothing_behind(env, job_file):
     result = env.orch("submit", str(job_file))
     assert result.exit_code == 1
     assert "forbidden: you may not create podmonitors.monitoring.coreos.com demo" in result.stderr
-    assert "(rolled back: deleted configmap/demo-config, pytorchjob/demo)" in result.stderr
+    assert "(rolled back: deleted configmap/demo-config, pytorchjob.kubeflow.org/demo)" in result.stderr
     assert (
         env.kube.names(JOBS) == [] and env.kube.names(CONFIGMAPS) == [] and env.kube.names(PODMONITORS) == []
     )

@@ -4,8 +4,11 @@ unmodified official client (and kubectl).
 `RealisticK8s` closes the gaps of kmock 0.8 that orch would hit (see shared notes, offline-testing.md §1):
 uid/resourceVersion/creationTimestamp stamping, 201 on create, List kinds and labelSelector, watch
 timeouts, `/version/`, discovery. On top of that it emulates, because nothing here can run them:
-- `dryRun=All` (validated, not stored), and injected API failures (`Fault`: a status before any effect);
-- the kubelet's log endpoint (`follow`, `tailLines`, `sinceSeconds`, `timestamps`, container restarts);
+- `dryRun=All` on create and delete (answered, nothing stored or deleted; 409 for an existing name);
+- injected faults (`Fault`): an error status before any effect, any other answer (an HTML page with 200),
+  or no answer at all, before or after the request took effect (a create stored but answered too late);
+- the kubelet's log endpoint (`follow`, `tailLines`, `sinceSeconds`, `timestamps`, container restarts, a
+  stream that breaks off);
 - the garbage collector: deleting an object deletes the objects whose ownerReferences name its uid.
 It touches kmock internals, hence the pin kmock==0.8 in pyproject.toml. `serve()` runs it on its own thread
 and yields a `tests.fakes.kube.Kube`, the test's handle on it.
@@ -92,12 +95,17 @@ class Fault:
     message: str
     headers: dict[str, str]
     hits: int = 0
+    body: str | None = None  # answer this (with `content_type`) instead of an error Status
+    content_type: str = "application/json"
+    hang: bool = False  # never answer (until the server stops)
+    after: bool = False  # with `hang`: first let the request take effect (a create is stored)
 
 
 @dataclass
 class ContainerLog:
     lines: list[tuple[float, str]] = field(default_factory=list)
     ended: bool = False
+    broken: bool = False  # the next write to a followed stream drops the connection instead
 
 
 class RealisticK8s(kmock.KubernetesEmulator):
@@ -106,13 +114,25 @@ class RealisticK8s(kmock.KubernetesEmulator):
         self.fallback["get /version/"] << self._serve_server_version
         self.faults: list[Fault] = []
         self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (ns, pod) -> one per container instance
+        self.released = asyncio.Event()  # set when the server stops: hung requests end
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
+        import aiohttp.web
+
         method = request.method.value.lower() if request.method else ""
         for fault in self.faults:
             if fault.times > 0 and fault.method == method and fault.path.fullmatch(request.url.path):
                 fault.times -= 1
                 fault.hits += 1
+                if fault.hang:
+                    if fault.after:
+                        await self._serve(request)
+                    await self.released.wait()
+                    return aiohttp.web.Response(status=504)
+                if fault.body is not None:
+                    return aiohttp.web.Response(
+                        status=fault.status, body=fault.body.encode(), content_type=fault.content_type
+                    )
                 response = await self._render_error(
                     k8s.KubernetesError(
                         status=fault.status, reason=reason_phrase(fault.status), message=fault.message
@@ -120,6 +140,10 @@ class RealisticK8s(kmock.KubernetesEmulator):
                 )
                 response.headers.update(fault.headers)
                 return response
+        return await self._serve(request)
+
+    async def _serve(self, request):  # type: ignore[no-untyped-def]
+        """What the API server does with a request (no faults)."""
         if request.url.path == "/apis/":  # the group list, as the Python client asks for it (trailing slash)
             return kmock_json(await self._serve_apis(request), status=200)
         if discovery := re.fullmatch(r"/api/(v1)/?|/apis/([^/]+)/([^/]+)/", request.url.path):
@@ -138,12 +162,19 @@ class RealisticK8s(kmock.KubernetesEmulator):
                     meta.setdefault("namespace", request.namespace)
                 meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_stamp())
                 if request.params.get("dryRun") == "All":  # validated and answered, never stored
+                    key = (request.resource, request.namespace, meta.get("name"))
+                    if key in self.objects and not self.objects[key].deleted:
+                        return await self._render_error(k8s.KubernetesObjectConflictError())
                     return kmock_json(request.data, status=201)
             if request.action in (enums.action.CREATE, enums.action.UPDATE):
                 meta["resourceVersion"] = str(next(_resource_versions))
         owner_uid = None
         if request.action == enums.action.DELETE and request.name is not None:
             key = (request.resource, request.namespace, request.name)
+            if request.params.get("dryRun") == "All":  # answered as if deleted, nothing changes
+                if key not in self.objects or self.objects[key].deleted:
+                    return await self._render_error(k8s.KubernetesObjectNotFoundError())
+                return kmock_json(dict(self.objects[key].raw), status=200)
             if key in self.objects and not self.objects[key].deleted:
                 owner_uid = (self.objects[key].get("metadata") or {}).get("uid")
         response = await super()._handle(request)
@@ -259,6 +290,10 @@ class RealisticK8s(kmock.KubernetesEmulator):
         while True:
             ended = log.ended  # read before the lines: lines written before the end are all sent
             batch, sent = log.lines[sent:], len(log.lines)
+            if log.broken and follow:
+                log.broken = False  # once: a new request reads on
+                request._raw_request.transport.close()  # mid-chunk: the client sees a broken stream
+                return response
             for t, line in batch:
                 await response.write(((f"{_rfc3339nano(t)} " if stamps else "") + line + "\n").encode())
             if not follow or (ended and sent == len(log.lines)):
@@ -351,5 +386,6 @@ def serve(
 
         yield Kube(box["k"], box["url"], loop)
     finally:
+        loop.call_soon_threadsafe(box["k"].released.set)
         loop.call_soon_threadsafe(box["stop"].set)
         thread.join(5)

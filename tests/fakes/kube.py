@@ -81,11 +81,33 @@ class Kube:
         ]
 
     def fail(
-        self, method: str, path: str, status: int, *, times: int = 1, message: str = "", headers=None
-    ) -> Fault:  # type: ignore[no-untyped-def]
+        self,
+        method: str,
+        path: str,
+        status: int,
+        *,
+        times: int = 1,
+        message: str = "",
+        headers=None,  # type: ignore[no-untyped-def]
+        body: str | None = None,
+        content_type: str = "application/json",
+    ) -> Fault:
+        """The next `times` requests matching `method` and `path` (a regex) are answered `status` with a
+        Status object (or with `body` as `content_type`, e.g. an HTML page) and have no effect."""
         fault = Fault(
-            method, re.compile(path), status, times, message or reason_phrase(status), dict(headers or {})
-        )
+            method, re.compile(path), status, times, message or reason_phrase(status), dict(headers or {}),
+            body=body, content_type=content_type,
+        )  # fmt: skip
+        self._on_loop(self.emulator.faults.append, fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        self._on_loop(self.emulator.faults.clear)
+
+    def hang(self, method: str, path: str, *, after: bool = False, times: int = 1) -> Fault:
+        """The next `times` matching requests are never answered; with `after`, they take effect first
+        (a create is stored, then the answer never comes, as when the client's read times out)."""
+        fault = Fault(method, re.compile(path), 0, times, "", {}, hang=True, after=after)
         self._on_loop(self.emulator.faults.append, fault)
         return fault
 
@@ -144,10 +166,13 @@ class Kube:
         """The pod's training container started: it has a (so far empty) log."""
         self._on_loop(lambda: self.emulator.logs.setdefault((namespace, pod), [ContainerLog()]))
 
-    def write_log(self, namespace: str, pod: str, *lines: str) -> None:
+    def write_log(self, namespace: str, pod: str, *lines: str, broken: bool = False) -> None:
+        """The container prints `lines`. `broken`: followed streams break off before sending them."""
+
         def write():  # type: ignore[no-untyped-def]
             log = self.emulator.logs.setdefault((namespace, pod), [ContainerLog()])[-1]
             log.lines.extend((time.time(), line) for line in lines)
+            log.broken = broken
 
         self._on_loop(write)
 

@@ -40,29 +40,34 @@ class PyTorchJobAPI:
         return status.true_condition(job, self.phase(job))
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
-        counts = (job.get("status") or {}).get("replicaStatuses") or {}
-        return {role: status.replica_counts(c) for role, c in sorted(counts.items())}
+        counts = status.dig(job, "status", "replicaStatuses")
+        counts = counts if isinstance(counts, dict) else {}
+        return {str(role): status.replica_counts(c) for role, c in sorted(counts.items())}
 
     def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        return labels.get(naming.LABEL_REPLICA_TYPE, "?"), status.to_int(
-            labels.get(naming.LABEL_REPLICA_INDEX)
-        )
+        labels = status.dig(pod, "metadata", "labels")
+        role = status.text(status.dig(labels, naming.LABEL_REPLICA_TYPE)) or "?"
+        return role, status.to_int(status.dig(labels, naming.LABEL_REPLICA_INDEX))
 
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
-        has_master = "Master" in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {})
+        has_master = status.dig(job, "spec", "pytorchReplicaSpecs", "Master") is not None
         return 0 if role == "master" else index + (1 if has_master else 0)
 
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """Master + Worker replicas, and the `pytorch` container's GPUs."""
-        replica_specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
-        nodes = sum(int(r.get("replicas") or 0) for r in replica_specs.values())
-        gpus = max((status.template_gpus(r.get("template"), self.container) for r in replica_specs.values()),
-                   default=0)  # fmt: skip
+        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        specs = (
+            [r for r in replica_specs.values() if isinstance(r, dict)]
+            if isinstance(replica_specs, dict)
+            else []
+        )
+        nodes = sum(status.to_int(r.get("replicas")) for r in specs)
+        gpus = max((status.template_gpus(r.get("template"), self.container) for r in specs), default=0)
         return nodes, gpus
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
-        return {job["metadata"]["name"]} | {(p.get("metadata") or {}).get("name", "") for p in pods}
+        names = {status.text(status.dig(p, "metadata", "name")) for p in pods}
+        return {status.text(status.dig(job, "metadata", "name"))} | names
 
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """The operator restarts pods, not the job: the most any pod's `pytorch` container restarted."""

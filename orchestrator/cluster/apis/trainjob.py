@@ -64,8 +64,8 @@ class TrainJobAPI:
         decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
         if decided != status.PENDING:
             return ORCH_PHASE.get(decided, decided)
-        children = (job.get("status") or {}).get("jobsStatus") or []
-        if any(int(c.get("ready") or 0) > 0 for c in children):
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        if any(status.to_int(c.get("ready")) > 0 for c in children):
             return "Running"
         if status.true_condition(job, "Created") or children:
             return "Created"
@@ -77,46 +77,47 @@ class TrainJobAPI:
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
         """Per replicated job, its child Jobs (not pods: that is what the TrainJob counts)."""
-        children = (job.get("status") or {}).get("jobsStatus") or []
-        return {str(c.get("name", "?")): status.replica_counts(c) for c in children}
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        return {status.text(c.get("name")) or "?": status.replica_counts(c) for c in children}
 
     def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        index = labels.get(LABEL_COMPLETION_INDEX, annotations.get(LABEL_COMPLETION_INDEX))
-        return labels.get(LABEL_REPLICATED_JOB, "?"), status.to_int(index)
+        index = status.dig(pod, "metadata", "labels", LABEL_COMPLETION_INDEX)
+        if index is None:
+            index = status.dig(pod, "metadata", "annotations", LABEL_COMPLETION_INDEX)
+        role = status.text(status.dig(pod, "metadata", "labels", LABEL_REPLICATED_JOB)) or "?"
+        return role, status.to_int(index)
 
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
         return index  # PET_NODE_RANK is the Job completion index of the "node" pods
 
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """From `spec.trainer` (numNodes, resourcesPerNode); 0 where the runtime alone decides."""
-        trainer = (job.get("spec") or {}).get("trainer") or {}
-        limits = (trainer.get("resourcesPerNode") or {}).get("limits") or {}
-        return status.to_int(trainer.get("numNodes")), status.to_int(limits.get(status.GPU_RESOURCE))
+        trainer = status.dig(job, "spec", "trainer")
+        gpus = status.dig(trainer, "resourcesPerNode", "limits", status.GPU_RESOURCE)
+        return status.to_int(status.dig(trainer, "numNodes")), status.to_int(gpus)
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         """The TrainJob and its JobSet (same name), the child Jobs (<jobset>-<replicated job>-<index>), the pods."""
-        name = job["metadata"]["name"]
-        children = (job.get("status") or {}).get("jobsStatus") or []
+        name = status.text(status.dig(job, "metadata", "name"))
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
         names = (
             {name}
-            | {f"{name}-{c.get('name', TRAINER_NODE)}-0" for c in children}
+            | {f"{name}-{status.text(c.get('name')) or TRAINER_NODE}-0" for c in children}
             | {f"{name}-{TRAINER_NODE}-0"}
         )
         for p in pods:
-            meta = p.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            names.add(meta.get("name", ""))
-            if labels.get(LABEL_REPLICATED_JOB) and labels.get(LABEL_JOB_INDEX) is not None:
-                names.add(f"{name}-{labels[LABEL_REPLICATED_JOB]}-{labels[LABEL_JOB_INDEX]}")
+            names.add(status.text(status.dig(p, "metadata", "name")))
+            replicated = status.text(status.dig(p, "metadata", "labels", LABEL_REPLICATED_JOB))
+            index = status.text(status.dig(p, "metadata", "labels", LABEL_JOB_INDEX))
+            if replicated and index:
+                names.add(f"{name}-{replicated}-{index}")
         return names
 
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """How many times JobSet recreated every pod (its restart attempt, on each pod)."""
         return max(
-            (status.to_int(((p.get("metadata") or {}).get("labels") or {}).get(LABEL_RESTART_ATTEMPT))
-             for p in pods), default=0,
+            (status.to_int(status.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
+            default=0,
         )  # fmt: skip
 
 
