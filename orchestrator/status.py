@@ -242,7 +242,7 @@ def parse_time(timestamp: Any) -> datetime.datetime | None:
         parsed = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
     except (ValueError, AttributeError, TypeError):
         return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.timezone.utc)
 
 
 # --- text tables -------------------------------------------------------------------------------------------

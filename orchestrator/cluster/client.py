@@ -22,6 +22,7 @@ server echoes back.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -193,17 +194,19 @@ class Cluster:
         probe = Resource("", "", "apis", "APIGroupList")
         answer = self._request("get", probe, None, client.ApisApi(self.api_client).get_api_versions)
         groups: dict[str, list[str]] = {}
-        for group in answer.get("groups") if isinstance(answer.get("groups"), list) else []:
+        listed = answer.get("groups")
+        for group in listed if isinstance(listed, list) else []:
             if not isinstance(group, dict) or not isinstance(group.get("name"), str):
                 continue
-            preferred = (
-                group.get("preferredVersion") if isinstance(group.get("preferredVersion"), dict) else {}
-            ).get("version")
-            listed = group.get("versions") if isinstance(group.get("versions"), list) else []
+            preferred = group.get("preferredVersion")
+            preferred_version = preferred.get("version") if isinstance(preferred, dict) else None
+            entries = group.get("versions")
             versions = [
-                v["version"] for v in listed if isinstance(v, dict) and isinstance(v.get("version"), str)
+                v["version"]
+                for v in (entries if isinstance(entries, list) else [])
+                if isinstance(v, dict) and isinstance(v.get("version"), str)
             ]
-            groups[group["name"]] = sorted(versions, key=lambda v: v != preferred)
+            groups[group["name"]] = sorted(versions, key=lambda v: v != preferred_version)
         return groups
 
     def served(self, resource: Resource) -> bool:
@@ -235,9 +238,8 @@ class Cluster:
         fn = client.AuthorizationV1Api(self.api_client).create_self_subject_access_review
         answer = self._request("create", SELF_SUBJECT_ACCESS_REVIEW, None, fn, review).get("status")
         answer = answer if isinstance(answer, dict) else {}
-        return answer.get("allowed") is True, answer.get("reason") if isinstance(
-            answer.get("reason"), str
-        ) else ""
+        reason = answer.get("reason")
+        return answer.get("allowed") is True, reason if isinstance(reason, str) else ""
 
     def nodes(self) -> list[dict[str, Any]]:
         return self._items("list", NODE, self._request("list", NODE, None, self.core.list_node))
@@ -278,7 +280,7 @@ class Cluster:
             )
         elif resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
-            fn = self.core.list_namespaced_event
+            fn: Callable[..., Any] = self.core.list_namespaced_event
             answer = self._request("list", resource, None, fn, self.namespace, field_selector="type=Warning")
         elif all_namespaces:
             fn = self.custom.list_cluster_custom_object
@@ -442,7 +444,7 @@ class Cluster:
         headers = getattr(response, "headers", None) or {}
         raise self._not_the_api(verb, resource, name, headers.get("Content-Type") or "no content type", data)
 
-    def _items(self, verb: str, resource: Resource, answer: dict[str, Any]) -> list[dict[str, Any]]:
+    def _items(self, verb: str, resource: Resource, answer: dict[str, Any]) -> builtins.list[dict[str, Any]]:
         """The `items` of a List answer; each one must be an object."""
         items = answer.get("items")
         if items is None:

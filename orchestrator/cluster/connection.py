@@ -171,7 +171,7 @@ class Kubeconfig:
 
     def check_server(self, name: str | None) -> None:
         """The context's cluster must exist and name a server (else the client would send to "")."""
-        cluster = self.contexts[name].get("cluster")
+        cluster = self.contexts[name or ""].get("cluster")
         if cluster not in self.clusters:
             raise KubeconfigError(
                 f"kubeconfig {self.path}: context {name}: its cluster {cluster!r} is not defined"
@@ -233,7 +233,9 @@ def _parse(file: str) -> tuple[dict[str, Any], dict[tuple[str | int, ...], tuple
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        kind = {list: "list", str: "string"}.get(type(data), type(data).__name__)
+        kind = (
+            "list" if isinstance(data, list) else "string" if isinstance(data, str) else type(data).__name__
+        )
         raise KubeconfigError(f"kubeconfig {file}:1:1: not a kubeconfig (a YAML {kind}, not a mapping)")
     return data, _positions(node) if node is not None else {}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -286,7 +287,11 @@ def _uid(obj: dict[str, Any] | None) -> str | None:
 
 def _owners(obj: dict[str, Any]) -> list[str]:
     refs = (obj.get("metadata") or {}).get("ownerReferences")
-    return [r.get("uid") for r in refs if isinstance(r, dict)] if isinstance(refs, list) else []
+    return (
+        [r["uid"] for r in refs if isinstance(r, dict) and isinstance(r.get("uid"), str)]
+        if isinstance(refs, list)
+        else []
+    )
 
 
 def not_installed_message(api: JobAPI, server: str) -> str:
@@ -352,4 +357,5 @@ def _roll_back(
         raise Interrupted(f"interrupted (SIGINT); {note}", signum=signal.SIGINT) from None
     if isinstance(cause, Signalled):
         raise Interrupted(f"interrupted ({cause}); {note}", signum=cause.signum) from None
-    cause.add_note(f"orch: {note}")  # a bug: its traceback, with what the rollback did
+    # a bug: its traceback follows; say first what the rollback did
+    sys.stderr.write(f"orch: {note}\n")
