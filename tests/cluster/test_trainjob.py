@@ -220,14 +220,20 @@ def test_submit_digits_on_a_trainer_v2_only_cluster_and_follow_it_to_the_end(v2)
         "podmonitor.monitoring.coreos.com/digits-ddp created",
     ]
     # What reached the API server is the TrainJob rendering (namespace and ownerReferences added), and valid.
+    # (plus the annotation with this submission's id, the same on every object: see test_faults)
     expected = {o["kind"]: o for o in render.render(loading.load_job(str(example)), api="trainjob")}
+    ids = set()
     for request in kube.requests("post"):
         sent = copy.deepcopy(request.data)
         meta = {k: v for k, v in sent.pop("metadata").items() if k not in ("uid", "generation",
                 "creationTimestamp", "resourceVersion", "ownerReferences", "namespace")}  # fmt: skip
+        annotations = dict(meta.pop("annotations"))
+        ids.add(annotations.pop("orch.dev/submission"))
+        meta.update({"annotations": annotations} if annotations else {})
         want = copy.deepcopy(expected[sent["kind"]])
         assert (meta, sent) == (want.pop("metadata"), want)
         assert cluster_errors(request.data) == [], request.data["kind"]
+    assert len(ids) == 1
 
     trainer = TrainerV2(kube, NS, "digits-ddp")
     (pod,) = trainer.start()
