@@ -101,7 +101,7 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
             continue
         jobs += [Job(api, obj) for obj in found]
         answered += 1
-    if refused and not answered:  # no API answered: a refusal (401: bad credentials) is the answer
+    if refused and not answered:  # no API answered: the refusal is the answer
         raise refused[0]
     return sorted(jobs, key=lambda j: (j.namespace, j.name, j.api.key))
 
