@@ -114,10 +114,30 @@ def _get(url: str, timeout: float) -> bytes:
 
 
 def _prometheus_query(base: str, expr: str, timeout: float) -> list[tuple[dict[str, str], float]]:
-    body = json.loads(_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout))
-    if body.get("status") != "success":
-        raise TopError(f"{base}: query failed: {body.get('error', body)}")
-    return [(item["metric"], float(item["value"][1])) for item in body["data"]["result"]]
+    """The instant vector `expr`; an answer that is not Prometheus's JSON is one error, a malformed sample
+    is skipped (whatever a server sends, no traceback)."""
+    raw = _get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout)
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        shown = " ".join(raw[:80].decode(errors="replace").split())
+        raise TopError(f"{base} is not a Prometheus API (its answer is not JSON: {shown})") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        error = body.get("error", body) if isinstance(body, dict) else body
+        raise TopError(f"{base}: query failed: {str(error)[:200]}")
+    data = body.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    samples = []
+    for item in result if isinstance(result, list) else []:
+        metric, value = (item.get("metric"), item.get("value")) if isinstance(item, dict) else (None, None)
+        if not isinstance(metric, dict) or not isinstance(value, list) or len(value) != 2:
+            continue
+        try:
+            number = float(value[1])
+        except (TypeError, ValueError):
+            continue
+        samples.append(({str(k): str(v) for k, v in metric.items()}, number))
+    return samples
 
 
 def from_prometheus(
@@ -149,12 +169,22 @@ def from_prometheus(
 def _scrape(url: str, job: str, timeout: float) -> _Series:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = _get(url, timeout).decode()
+    text = _get(url, timeout).decode(errors="replace")
     series = _Series()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels.get("job") == job:
-                series.add(sample.name, dict(sample.labels), sample.value)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.labels.get("job") == job:
+                    series.add(sample.name, dict(sample.labels), sample.value)
+    except (
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+    ) as error:  # the parser's ways of saying "not metrics"
+        raise TopError(
+            f"{url} does not serve Prometheus metrics ({error.__class__.__name__}: {error})"
+        ) from None
     return series
 
 
