@@ -485,3 +485,63 @@ def test_replace_with_server_dry_run_says_what_it_would_delete_and_changes_nothi
     assert len(deletes) == 1 and deletes[0].params.get("dryRun") == "All"
     assert kube.get(JOBS, NS, "demo")["metadata"]["uid"] == uid
     assert kube.names(CONFIGMAPS, NS) == ["demo-config"]
+
+
+# --- any answer ----------------------------------------------------------------------------------------------
+
+ODD_BODIES = [
+    "null",
+    "[]",
+    "{}",
+    '"a string"',
+    '{"items": null}',
+    '{"items": [{}]}',
+    '{"items": [{"metadata": 5, "status": [], "spec": "x"}]}',
+    '{"metadata": null, "status": 5, "spec": []}',
+    '{"metadata": {"name": ["demo"], "uid": 7}, "status": {"conditions": [{"type": 1, "status": true}]}}',
+    '{"resources": "pytorchjobs", "groups": {"name": 1}}',
+    '{"kind": "Status", "status": "Failure", "code": 500, "message": 42}',
+]
+
+
+@pytest.mark.parametrize("body", ODD_BODIES)
+def test_any_json_answer_to_every_request(env, job_file, body):
+    """Every GET, POST and DELETE answered 200 with the same odd JSON: each command ends in a result or one
+    error line."""
+    for method in ("get", "post", "delete"):
+        env.kube.fail(method, ".*", 200, body=body, times=10_000)
+    commands = [
+        ("status", "demo"),
+        ("status", "demo", "-o", "json"),
+        ("list", "-A", "-o", "wide"),
+        ("logs", "demo"),
+        ("wait", "demo", "--timeout", "1s"),
+        ("delete", "demo"),
+        ("submit", str(job_file)),
+        ("submit", str(job_file), "--replace", "--dry-run=server"),
+    ]
+    for args in commands:
+        result = env.orch(*args)
+        assert result.exit_code in (0, 1, 124), (args, result.stderr, result.exception)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(404, "[]"), (409, "<html>conflict</html>"), (403, '{"message": 5}'), (500, "null"), (401, "")],
+)
+def test_any_error_answer_to_every_request(env, job_file, status, body):
+    for method in ("get", "post", "delete"):
+        env.kube.fail(method, ".*", status, body=body, content_type="text/html", times=10_000)
+    for args in (
+        ("status", "demo"),
+        ("list",),
+        ("logs", "demo"),
+        ("delete", "demo"),
+        ("submit", str(job_file)),
+    ):
+        result = env.orch(*args)
+        assert result.exit_code in (0, 1) and "Traceback" not in result.stderr, (args, result.exception)
+        if result.exit_code:  # (a 404 on list means: that API is not installed, so no jobs)
+            one_error_line(result.stderr)
