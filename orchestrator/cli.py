@@ -40,7 +40,8 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS or not self._importable(cmd_name):
             return None
         module_name, attribute = COMMANDS[cmd_name].split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        command: click.Command = getattr(importlib.import_module(module_name), attribute)
+        return command
 
     @staticmethod
     def _importable(cmd_name: str) -> bool:

@@ -52,7 +52,7 @@ class _Loader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
                 raise _BoundError(
                     problem=f"nested deeper than {MAX_DEPTH} levels (the bound)", problem_mark=mark
                 )
@@ -316,7 +316,7 @@ def _message(error: Mapping[str, Any], path: FieldPath) -> str:
         message += f" (got {spec_models.show(error['input'])})"
     if _is_secret(path) and isinstance(error.get("input"), str) and error["input"]:
         message = message.replace(error["input"], "<hidden>")  # a secret given in the wrong place
-    return message
+    return str(message)
 
 
 def _dotted(path: FieldPath) -> str:

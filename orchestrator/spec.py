@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -66,7 +67,7 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
 
 
-def _check(pattern: re.Pattern[str], what: str, max_length: int | None = None):
+def _check(pattern: re.Pattern[str], what: str, max_length: int | None = None) -> Callable[[str], str]:
     def validate(value: str) -> str:
         if max_length is not None and len(value) > max_length:
             raise ValueError(f"{show(value)} is longer than {max_length} characters")
