@@ -115,7 +115,7 @@ def test_create_that_timed_out_but_succeeded_is_recognised(env, job_file):
         "configmap/demo-config created",
         "podmonitor.monitoring.coreos.com/demo created",
     ]
-    assert slow.hits == 1 and len(kube.requests("post", CONFIGMAPS_PATH)) == 2  # the retry met our object
+    assert slow.hits == 1 and len(kube.requests("post", CONFIGMAPS_PATH)) >= 2  # a retry met our object
     job, config = kube.get(JOBS, NS, "demo"), kube.get(CONFIGMAPS, NS, "demo-config")
     assert config["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     submission = job["metadata"]["annotations"]["orch.dev/submission"]

@@ -87,7 +87,7 @@ def test_the_role_covers_every_call_and_only_those(both, job_file):
     kube.hang(
         "post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", times=100
     )  # its retries
-    slow = {"ORCH_API_READ_TIMEOUT": "1", "ORCH_REQUEST_TIMEOUT": "4"}
+    slow = {"ORCH_API_READ_TIMEOUT": "2"}  # the PodMonitor: 1 + ORCH_API_RETRIES attempts, then rolled back
     assert env.orch("submit", str(job_file), env=slow).exit_code == 1
     assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == [] and kube.names(PODMONITORS) == []
     kube.clear_faults()
