@@ -122,7 +122,7 @@ def test_pytorchjob_restart_job_reforms_the_whole_group(tmp_path, reference):
     pods = [start(command, env) for _ in range(job_spec["pytorchReplicaSpecs"]["Worker"]["replicas"])]
     try:
         wait_for(
-            (out / "checkpoints" / "step-00000010.pt").exists, timeout=240, what="the step-10 checkpoint"
+            (out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint"
         )
         first = worker_pids(out)
         assert set(first) == {0, 1}
@@ -160,7 +160,7 @@ def test_trainjob_restart_job_recreates_every_pod_and_resumes(tmp_path, referenc
     pods = jobset_attempt()
     try:
         wait_for(
-            (out / "checkpoints" / "step-00000010.pt").exists, timeout=240, what="the step-10 checkpoint"
+            (out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint"
         )
         os.kill(worker_pids(out)[1], signal.SIGKILL)
         pods[1].wait(timeout=120)  # node 1's torchrun fails: its Job fails ...
