@@ -121,9 +121,7 @@ def test_pytorchjob_restart_job_reforms_the_whole_group(tmp_path, reference):
     env = {e["name"]: e["value"] for e in container["env"]} | operator_env | {"ORCH_OUTPUT_DIR": str(out)}
     pods = [start(command, env) for _ in range(job_spec["pytorchReplicaSpecs"]["Worker"]["replicas"])]
     try:
-        wait_for(
-            (out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint"
-        )
+        wait_for((out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint")
         first = worker_pids(out)
         assert set(first) == {0, 1}
         os.kill(first[1], signal.SIGKILL)
@@ -159,9 +157,7 @@ def test_trainjob_restart_job_recreates_every_pod_and_resumes(tmp_path, referenc
 
     pods = jobset_attempt()
     try:
-        wait_for(
-            (out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint"
-        )
+        wait_for((out / "checkpoints" / "step-00000010").exists, timeout=240, what="the step-10 checkpoint")
         os.kill(worker_pids(out)[1], signal.SIGKILL)
         pods[1].wait(timeout=120)  # node 1's torchrun fails: its Job fails ...
         assert pods[1].returncode != 0
