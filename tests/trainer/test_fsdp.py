@@ -82,3 +82,21 @@ def test_the_gpt_example_trains_with_fsdp(tmp_path):
         run.state_dict()["head.weight"].numel() * 4  # tied to tokens.weight: held once
     )
     assert 0.45 * whole <= summary["memory"]["parameter_bytes"] <= 0.55 * whole
+
+
+def test_async_checkpoints_land_complete_and_resume(run_job, tmp_path):
+    from orchestrator.trainer import checkpoint
+
+    train = {"max_steps": 12, "checkpoint": {"every_steps": 4, "keep": 5, "async": True}}
+    run = run_job(spec("async", "fsdp", **train), "--procs", "2")
+    assert run.returncode == 0, run.stderr
+    directory = run.out / "checkpoints"
+    assert sorted(p.name for p in directory.iterdir()) == ["step-00000004", "step-00000008", "step-00000012"]
+    assert all(checkpoint.verify(p) is None for p in directory.iterdir())
+    out = tmp_path / "resumed"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(directory / "step-00000008", out / "checkpoints" / "step-00000008")
+    resumed = run_job(spec("async", "fsdp", **train), "--procs", "2", out=out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.summary["resumed_from_step"] == 8
+    assert_same_params(run.state_dict(), resumed.state_dict())

@@ -136,10 +136,12 @@ def test_nonfinite_loss_can_be_skipped(run_job):
     assert run.summary["skipped_steps"] == 1 and run.summary["steps"] == 12
 
 
-def test_fp16_overflow_is_skipped_and_counted(run_job):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])  # fsdp: ShardedGradScaler, fp16 MixedPrecisionPolicy
+def test_fp16_overflow_is_skipped_and_counted(run_job, parallel):
     spec = job(
         "fp16",
         precision="fp16",
+        parallel=parallel,
         task="tests.trainer.plugin_tasks:poisoned",
         # classification: its gradients stay within fp16 at the initial scale 2**16, so the only
         # overflow is the injected one (a regression with targets ~ N(0, 16) overflows a few times first)
