@@ -100,3 +100,18 @@ def test_async_checkpoints_land_complete_and_resume(run_job, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.summary["resumed_from_step"] == 8
     assert_same_params(run.state_dict(), resumed.state_dict())
+
+
+def test_compile_per_unit_keeps_names_and_mathematics(run_job):
+    """compile: true under FSDP compiles each unit in place: model.pt keeps the plain names, and the
+    weights match the eager run's (Inductor may reorder float operations: a tolerance, not equality)."""
+    runs = {
+        compiled: run_job(
+            spec(f"compile-{str(compiled).lower()}", "fsdp", max_steps=4, compile=compiled), "--procs", "2"
+        )
+        for compiled in (False, True)
+    }
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr
+    assert set(runs[True].state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert_same_params(runs[False].state_dict(), runs[True].state_dict(), rtol=1e-5, atol=1e-6)
