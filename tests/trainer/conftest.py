@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,19 @@ def assert_same_params(a: dict, b: dict, *, rtol: float = 0.0, atol: float = 0.0
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real filesystem of 256 KiB (tmpfs): writes past it fail with ENOSPC."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", f"orch-test-{uuid.uuid4().hex[:8]}", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)

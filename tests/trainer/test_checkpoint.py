@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -217,22 +216,6 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
         assert resumed.step == 10 and not tmp_dir.exists()
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A real filesystem of 256 KiB (tmpfs): writes past it fail with ENOSPC."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", f"orch-test-{uuid.uuid4().hex[:8]}", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_a_full_disk_fails_the_save_clearly_and_leaves_no_tmp(tiny_disk, group):

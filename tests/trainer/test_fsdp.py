@@ -21,8 +21,9 @@ OPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
 
 
 def spec(name: str, parallel: str, **train) -> dict:
-    return job(name, precision="fp32", parallel=parallel, task_args=TASK_ARGS, optimizer=OPTIMIZER,
-               batch_size=16, micro_batch_size=4, **train)  # fmt: skip
+    train = {"task_args": TASK_ARGS, **train}
+    return job(name, precision="fp32", parallel=parallel, optimizer=OPTIMIZER, batch_size=16,
+               micro_batch_size=4, **train)  # fmt: skip
 
 
 def test_fsdp_equals_ddp_across_world_sizes_and_shards_the_memory(run_job):
@@ -115,3 +116,18 @@ def test_compile_per_unit_keeps_names_and_mathematics(run_job):
         assert run.returncode == 0, run.stderr
     assert set(runs[True].state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert_same_params(runs[False].state_dict(), runs[True].state_dict(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_tmp(run_job, tiny_disk):
+    """#12 through `orch run`: a real tmpfs of 256 KiB; the model's checkpoint does not fit."""
+    directory = tiny_disk / "ck"
+    big = {**TASK_ARGS, "hidden": 4096}  # ~ 350 KB of parameters, as much again of momentum
+    run = run_job(
+        spec("full", "fsdp", task_args=big, max_steps=8, checkpoint={"every_steps": 4, "dir": str(directory)}),
+        "--procs", "2",
+    )  # fmt: skip
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert "CheckpointError: checkpoint at step 4: could not write " in last
+    assert f"{directory}: no space left on device; free space there" in last
+    assert list(directory.iterdir()) == []  # no .tmp left behind
