@@ -77,6 +77,10 @@ def main() -> int:
             )
         )
         samples, tokens = samples + 32, tokens + 32 * 128
+        if step == 1:  # as parallel.MemoryMeter publishes after the first optimizer step
+            size = 1000 * (args.rank + 1)
+            metrics.set_memory(parameter_bytes=size, gradient_bytes=size, optimizer_bytes=2 * size,
+                               peak_allocated_bytes=None)  # fmt: skip
     if args.crash:
         os._exit(3)  # die like a killed rank: no close(), its files stay behind
     report = dict(

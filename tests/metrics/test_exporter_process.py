@@ -77,6 +77,11 @@ def test_local_ranks_share_one_endpoint_and_counts_add_up(tmp_path):
         } == {"share"}
         assert {value for _, value in series["orch_train_elastic_restarts"]} == {2.0}
         assert "orch_train_mfu_ratio" not in series  # no peak known on a CPU without ORCH_PEAK_TFLOPS
+        state = {(lab["rank"], lab["kind"]): value for lab, value in series["orch_train_state_bytes"]}
+        assert state == {
+            ("0", "parameter"): 1000.0, ("0", "gradient"): 1000.0, ("0", "optimizer"): 2000.0,
+            ("1", "parameter"): 2000.0, ("1", "gradient"): 2000.0, ("1", "optimizer"): 4000.0,
+        }  # fmt: skip
     finally:
         stop.touch()
     reports = [_finish(p)[0] for p in ranks]
