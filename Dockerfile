@@ -35,7 +35,7 @@ ARG ORCH_VERSION=0.0.0
 ARG VCS_REF=unknown
 ARG SOURCE_URL=""
 USER root
-# Install orchestrator[train] from the wheel, never touching the base's CUDA torch: every
+# Install orchestrator[train,tracking] (tracking: the MLflow client, TensorBoard) from the wheel, never touching the base's CUDA torch: every
 # torch/triton/nvidia-* package the base has becomes a constraint, so pip either keeps them or
 # fails the build; the last line double-checks torch's version did not move. Build tools stay in
 # stage 1; only the wheel crosses over (a bind mount, so it is not even a layer here).
@@ -44,7 +44,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
     python -m pip list --format=freeze | grep -iE '^(torch|triton|nvidia-)' > /tmp/keep-base.txt; \
     before="$(python -c 'import torch; print(torch.__version__)')"; \
     python -m pip install --no-cache-dir --disable-pip-version-check \
-        --constraint /tmp/keep-base.txt "$(ls /tmp/wheels/orchestrator-*.whl)[train]"; \
+        --constraint /tmp/keep-base.txt "$(ls /tmp/wheels/orchestrator-*.whl)[train,tracking]"; \
     after="$(python -c 'import torch; print(torch.__version__)')"; \
     test "$before" = "$after" || { echo "pip replaced torch $before with $after" >&2; exit 1; }; \
     rm /tmp/keep-base.txt; \
@@ -61,7 +61,9 @@ LABEL org.opencontainers.image.title="orch trainer" \
       org.opencontainers.image.base.name="${BASE_IMAGE}"
 # /orch/output is where the trainer writes (the PyTorchJob mounts an emptyDir over it); group 0
 # owns it too, so clusters that run pods under an arbitrary UID (OpenShift) can write there.
+# ORCH_GIT_COMMIT: the build context's commit (orch build passes VCS_REF), a tag of the job's MLflow run.
 ENV ORCH_OUTPUT_DIR=/orch/output \
+    ORCH_GIT_COMMIT=${VCS_REF} \
     PYTHONUNBUFFERED=1
 WORKDIR /orch
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.

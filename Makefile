@@ -5,8 +5,12 @@ BIN    := $(VENV)/bin
 # torch is installed first and on its own: 2.13.0 is the CPU wheel for development. GPU users bring
 # their own CUDA build; a range that an installed torch satisfies installs nothing more.
 TORCH_SPEC ?= torch==2.13.0
+# The tests' MLflow tracking server, in a venv of its own: the full `mlflow` package pins python-dateutil
+# below what the kubernetes client needs. orch's venv has only the client (the `tracking` extra).
+MLFLOW_VENV ?= .venv-mlflow
+MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
 
-.PHONY: install demo test lint bench clean
+.PHONY: install mlflow-server demo test lint bench clean
 
 install: $(VENV)/.installed
 
@@ -15,13 +19,20 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[train,dev]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[train,dev,tracking]'
+	touch $@
+
+mlflow-server: $(MLFLOW_VENV)/.installed
+
+$(MLFLOW_VENV)/.installed:
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet '$(MLFLOW_SERVER_SPEC)'
 	touch $@
 
 demo: install
 	$(BIN)/orch run examples/digits.yaml
 
-test: install
+test: install mlflow-server
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
@@ -34,4 +45,4 @@ bench: install
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache runs
+	rm -rf $(VENV) $(MLFLOW_VENV) build dist *.egg-info .pytest_cache .mypy_cache runs

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator import spec as spec_models
 from orchestrator.errors import SpecError
+from orchestrator.trainer import tracking
 
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]  # 1-based line and column
@@ -337,6 +338,7 @@ def validate(
     positions: dict[FieldPath, Position],
     origins: dict[FieldPath, str] | None = None,
     require_image: bool = False,
+    local_run: bool = False,
 ) -> spec_models.JobSpec:
     """Validate parsed data; the first problem becomes a SpecError located in the file (or at its --set flag)."""
     origins = origins or {}
@@ -363,6 +365,9 @@ def validate(
         raise fail(tuple(error.path.split(".")), error.message) from None
     if require_image and not job.image:
         raise fail(("image",), "required to render or submit (the training image the pods run)")
+    # Where it will run decides what tracking needs: packages here (`orch run`), or a URI the pods can read.
+    if (require_image or local_run) and (found := tracking.spec_problem(job, local=local_run)):
+        raise fail(*found)
     return job
 
 
@@ -372,14 +377,21 @@ def _is_internal(part: str) -> bool:
 
 
 def load_job(
-    path: str | Path, overrides: Sequence[str] = (), *, require_image: bool = False
+    path: str | Path, overrides: Sequence[str] = (), *, require_image: bool = False, local_run: bool = False
 ) -> spec_models.JobSpec:
     """Read, override and validate a job file. Raises SpecError (exit code 2) with file:line:col: field: why."""
     file = str(path)
     text = read_job_text(path)
     data, positions = parse_yaml(text, file)
     origins = apply_overrides(data, overrides)
-    return validate(data, file=file, positions=positions, origins=origins, require_image=require_image)
+    return validate(
+        data,
+        file=file,
+        positions=positions,
+        origins=origins,
+        require_image=require_image,
+        local_run=local_run,
+    )
 
 
 def read_job_text(path: str | Path) -> str:

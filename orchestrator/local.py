@@ -112,7 +112,11 @@ def plan(
         raise UsageError("--steps applies to train jobs only; this job runs its own command")
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
-    runtime = runtime_env.RuntimeEnv.for_job(spec, name=spec.name, output_dir=str(out.resolve()))
+    from orchestrator.images import git_revision
+
+    runtime = runtime_env.RuntimeEnv.for_job(
+        spec, name=spec.name, output_dir=str(out.resolve()), git_commit=git_revision(".")
+    )
     env = {**runtime.to_env(), **spec.env, "PYTHONUNBUFFERED": "1"}
     policy, max_restarts = restart_budget(spec)
     return LocalPlan(
@@ -614,7 +618,7 @@ class _Console:
 
 def progress_text(event: dict[str, Any]) -> str:
     """One event as terminal text: the bar redraws itself in place (carriage return)."""
-    from orchestrator.trainer.report import format_duration
+    from orchestrator.trainer.report import format_duration, format_value
 
     if event["event"] == "step":
         width, done = 30, event["step"] / event["max_steps"]
@@ -624,6 +628,6 @@ def progress_text(event: dict[str, Any]) -> str:
             f"{event['samples_per_second']:,.0f} samples/s  ETA {format_duration(event['eta_seconds'])} "
         )
     if event["event"] == "eval":
-        values = "  ".join(f"{k} {v:.4f}" for k, v in event.items() if k not in ("event", "step"))
+        values = "  ".join(f"{k} {format_value(v)}" for k, v in event.items() if k not in ("event", "step"))
         return f"\r\x1b[2Keval at step {event['step']}: {values}\n"
     return ""

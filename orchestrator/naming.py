@@ -39,6 +39,8 @@ LABEL_PROMETHEUS_RELEASE = "release"
 
 # --- Annotations orch puts on what it submits.
 ANNOTATION_SUBMISSION = "orch.dev/submission"  # one random id per `orch submit`: recognises its own objects
+# JSON {"mlflow": {tracking_uri, experiment, run_name}, "tensorboard": dir}; `orch status` shows it
+ANNOTATION_TRACKING = "orch.dev/tracking"
 
 # --- Labels the Kubeflow training operator (v1.9) puts on the pods it creates (read-only for orch).
 LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, runtime_env
 from orchestrator.errors import SpecError
+from orchestrator.trainer import tracking
 
 if TYPE_CHECKING:
     import jinja2
@@ -45,6 +46,7 @@ TEMPLATES = {
     "podmonitor": "podmonitor.yaml.j2",
 }
 APIS = ("pytorchjob", "trainjob")
+API_KINDS = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}  # ORCH_API_KIND, a tag of the MLflow run
 TRAINER_MODULE = "orchestrator.trainer"
 SHM_PER_GPU_GI = 2  # /dev/shm default: 2Gi per GPU (NCCL ~33M per communicator + pinned DataLoader batches)
 SHM_CPU_DEFAULT = "1Gi"  # /dev/shm default of a CPU pod (gloo and DataLoader workers)
@@ -119,7 +121,9 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
         raise SpecError(problem[1], field=problem[0])
     if chosen == "trainjob" and name and (too_long := trainjob_name_problem(name, spec.nodes)):
         raise SpecError(too_long, field="name")
-    context = _context(spec, name or spec.name)
+    if found := tracking.spec_problem(spec, local=False):
+        raise SpecError(found[1], field=".".join(found[0]))
+    context = _context(spec, name or spec.name, api=chosen)
     objects = []
     if spec.train is not None:
         objects.append(_render_template(TEMPLATES["configmap"], context))
@@ -141,7 +145,7 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     return objects
 
 
-def _context(spec: JobSpec, name: str) -> dict[str, Any]:
+def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, Any]:
     """Every value the templates place, computed from the spec."""
     training_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)}
     monitor_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_MONITORING)}
@@ -152,7 +156,7 @@ def _context(spec: JobSpec, name: str) -> dict[str, Any]:
         "namespace": spec.namespace,
         "job_labels": {**training_labels, **_kueue_labels(spec)},
         "pod_labels": training_labels,
-        "annotations": dict(spec.annotations),
+        "annotations": {**spec.annotations, **tracking_annotation(spec, name, api)},
         "pod_annotations": {**spec.annotations, **_topology_annotations(spec)},
         "nproc_per_node": str(spec.procs_per_node),
         "run_policy": _run_policy(spec),
@@ -171,7 +175,7 @@ def _context(spec: JobSpec, name: str) -> dict[str, Any]:
         "container_name": naming.CONTAINER_NAME,
         "image": spec.image,
         "command": torchrun_command(spec),
-        "env": _env(spec, name),
+        "env": _env(spec, name, api),
         "ports": _ports(spec),
         "resources": _resources(spec),
         "volume_mounts": _volume_mounts(spec),
@@ -553,9 +557,12 @@ def _toleration(toleration: Any) -> dict[str, Any]:
     return {k: v for k, v in rendered.items() if v is not None}
 
 
-def _env(spec: JobSpec, name: str) -> list[dict[str, Any]]:
+def _env(spec: JobSpec, name: str, api: str = "pytorchjob") -> list[dict[str, Any]]:
     """orch's runtime facts first, then the user's env (which wins on a clash), then secretKeyRefs."""
-    values = runtime_env.RuntimeEnv.for_job(spec, name=name, output_dir=naming.OUTPUT_DIR).to_env()
+    runtime = runtime_env.RuntimeEnv.for_job(
+        spec, name=name, output_dir=naming.OUTPUT_DIR, api_kind=API_KINDS[api]
+    )
+    values = runtime.to_env()
     if spec.train is not None and spec.train.cuda_alloc_conf:
         values["PYTORCH_CUDA_ALLOC_CONF"] = spec.train.cuda_alloc_conf
     values.update(spec.env)
@@ -564,9 +571,47 @@ def _env(spec: JobSpec, name: str) -> list[dict[str, Any]]:
     ]
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
-        for k, ref in spec.secret_env.items()
+        for k, ref in {**_tracking_secrets(spec), **spec.secret_env}.items()
     ]
+    if spec.tracking.mlflow is not None and runtime_env.ENV_NAMESPACE not in {*spec.env, *spec.secret_env}:
+        env.append(
+            {
+                "name": runtime_env.ENV_NAMESPACE,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            }
+        )
     return env
+
+
+def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:
+    """tracking.mlflow.credentials -> MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN from their Secrets."""
+    from orchestrator.spec import MLFLOW_CREDENTIAL_ENV
+
+    if spec.tracking.mlflow is None:
+        return {}
+    credentials = spec.tracking.mlflow.credentials
+    return {
+        env_name: getattr(credentials, key)
+        for key, env_name in MLFLOW_CREDENTIAL_ENV.items()
+        if getattr(credentials, key) is not None
+    }
+
+
+def tracking_annotation(spec: JobSpec, name: str, api: str) -> dict[str, str]:
+    """Where the job's run is recorded, for `orch status` (the pods cannot write to their job)."""
+    settings = runtime_env.TrackingSettings.for_job(spec, name=name, api_kind=API_KINDS[api])
+    if not settings.enabled:
+        return {}
+    record: dict[str, Any] = {}
+    if settings.mlflow:
+        record["mlflow"] = {
+            "tracking_uri": settings.mlflow_tracking_uri,
+            "experiment": settings.mlflow_experiment,
+            "run_name": settings.mlflow_run_name,
+        }
+    if settings.tensorboard_dir:
+        record["tensorboard"] = f"{naming.OUTPUT_DIR}/{settings.tensorboard_dir}"
+    return {naming.ANNOTATION_TRACKING: json.dumps(record, separators=(",", ":"))}
 
 
 def _ports(spec: JobSpec) -> list[dict[str, Any]]:

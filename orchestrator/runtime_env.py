@@ -14,7 +14,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,8 +35,108 @@ PEAK_TFLOPS = "ORCH_PEAK_TFLOPS"
 PROGRESS_FILE = "ORCH_PROGRESS_FILE"  # `orch run`: rank 0's JSON events, drawn as a progress bar
 LOG_LINES = "ORCH_LOG_LINES"  # "0": no plain log lines (the progress bar draws instead)
 
+# --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
+ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+ENV_MLFLOW = "ORCH_MLFLOW"  # "1": the job asked for MLflow
+ENV_MLFLOW_TRACKING_URI = "ORCH_MLFLOW_TRACKING_URI"  # unset: MLflow's own MLFLOW_TRACKING_URI
+ENV_MLFLOW_EXPERIMENT = "ORCH_MLFLOW_EXPERIMENT"
+ENV_MLFLOW_RUN_NAME = "ORCH_MLFLOW_RUN_NAME"
+ENV_MLFLOW_LOG_MODEL = "ORCH_MLFLOW_LOG_MODEL"  # "0": no model.pt artifact
+ENV_IMAGE = "ORCH_IMAGE"
+ENV_NAMESPACE = "ORCH_NAMESPACE"  # in pods: the downward API's metadata.namespace
+ENV_API_KIND = "ORCH_API_KIND"
+ENV_GIT_COMMIT = "ORCH_GIT_COMMIT"
+# What the shell of `orch run` may override (e.g. the URI of this environment's server).
+TRACKING_OVERRIDES = (
+    ENV_MLFLOW_TRACKING_URI,
+    ENV_MLFLOW_EXPERIMENT,
+    ENV_MLFLOW_RUN_NAME,
+    ENV_TENSORBOARD_DIR,
+)
+TENSORBOARD_SUBDIR = "tensorboard"
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """What the trainer is told about tracking: job.yaml's `tracking:` section, through the ORCH_* environment."""
+
+    tensorboard_dir: str | None = None
+    """Event files go here (relative: under the output dir); None: no TensorBoard."""
+    mlflow: bool = False
+    mlflow_tracking_uri: str | None = None
+    """None: MLflow's own MLFLOW_TRACKING_URI."""
+    mlflow_experiment: str | None = None
+    """None: the job name."""
+    mlflow_run_name: str | None = None
+    """None: the job name."""
+    mlflow_log_model: bool = True
+    image: str | None = None
+    namespace: str | None = None
+    api_kind: str | None = None
+    """PyTorchJob, TrainJob, or local (`orch run`)."""
+    git_commit: str | None = None
+    """Of the user's code, when known (`orch run`: the working directory's checkout; images: VCS_REF)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.mlflow or self.tensorboard_dir is not None
+
+    @classmethod
+    def for_job(
+        cls, spec: JobSpec, *, name: str, api_kind: str, git_commit: str | None = None
+    ) -> TrackingSettings:
+        tracking = spec.tracking
+        mlflow = tracking.mlflow
+        return cls(
+            tensorboard_dir=TENSORBOARD_SUBDIR if tracking.tensorboard else None,  # under the output dir
+            mlflow=mlflow is not None,
+            mlflow_tracking_uri=mlflow.tracking_uri if mlflow else None,
+            mlflow_experiment=(mlflow.experiment or name) if mlflow else None,
+            mlflow_run_name=(mlflow.run_name or name) if mlflow else None,
+            mlflow_log_model=mlflow.log_model if mlflow else True,
+            image=spec.image if api_kind != "local" else None,  # `orch run` runs no image
+            namespace=spec.namespace,
+            api_kind=api_kind,
+            git_commit=git_commit,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to set; nothing at all when tracking is off (the pods of such a job do not change)."""
+        if not self.enabled:
+            return {}
+        values = {
+            ENV_TENSORBOARD_DIR: self.tensorboard_dir,
+            ENV_MLFLOW: "1" if self.mlflow else None,
+            ENV_MLFLOW_TRACKING_URI: self.mlflow_tracking_uri,
+            ENV_MLFLOW_EXPERIMENT: self.mlflow_experiment,
+            ENV_MLFLOW_RUN_NAME: self.mlflow_run_name,
+            ENV_MLFLOW_LOG_MODEL: None if self.mlflow_log_model else "0",
+            ENV_IMAGE: self.image,
+            ENV_NAMESPACE: self.namespace,
+            ENV_API_KIND: self.api_kind,
+            ENV_GIT_COMMIT: self.git_commit,
+        }
+        return {k: v for k, v in values.items() if v}
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> TrackingSettings:
+        env = os.environ if environ is None else environ
+        return cls(
+            tensorboard_dir=env.get(ENV_TENSORBOARD_DIR) or None,
+            mlflow=env.get(ENV_MLFLOW, "0") not in ("", "0"),
+            mlflow_tracking_uri=env.get(ENV_MLFLOW_TRACKING_URI) or None,
+            mlflow_experiment=env.get(ENV_MLFLOW_EXPERIMENT) or None,
+            mlflow_run_name=env.get(ENV_MLFLOW_RUN_NAME) or None,
+            mlflow_log_model=env.get(ENV_MLFLOW_LOG_MODEL, "1") != "0",
+            image=env.get(ENV_IMAGE) or None,
+            namespace=env.get(ENV_NAMESPACE) or None,
+            api_kind=env.get(ENV_API_KIND) or None,
+            git_commit=None if env.get(ENV_GIT_COMMIT, "unknown") in ("", "unknown") else env[ENV_GIT_COMMIT],
+        )
+
+
 # Settings a user may override from the shell of `orch run` (e.g. ORCH_METRICS_PORT=0 turns the exporter off).
-USER_OVERRIDES = (METRICS_PORT, GPU_SAMPLE_SECONDS, PEAK_TFLOPS, METRICS_ADDR)
+USER_OVERRIDES = (METRICS_PORT, GPU_SAMPLE_SECONDS, PEAK_TFLOPS, METRICS_ADDR, *TRACKING_OVERRIDES)
 
 
 @dataclass(frozen=True)
@@ -52,16 +152,27 @@ class RuntimeEnv:
     """Peak dense TFLOP/s of one device for MFU; None: the built-in GPU table decides."""
     progress_file: str | None = None
     log_lines: bool = True
+    tracking: TrackingSettings = field(default_factory=lambda: TrackingSettings())
+    """MLflow and TensorBoard (job.yaml's `tracking:`); nothing in the environment when off."""
 
     @classmethod
-    def for_job(cls, spec: JobSpec, *, name: str, output_dir: str) -> RuntimeEnv:
-        """What a job's processes get, in a pod (render) or here (`orch run`)."""
+    def for_job(
+        cls,
+        spec: JobSpec,
+        *,
+        name: str,
+        output_dir: str,
+        api_kind: str = "local",
+        git_commit: str | None = None,
+    ) -> RuntimeEnv:
+        """What a job's processes get, in a pod (render: `api_kind` PyTorchJob / TrainJob) or here (`orch run`)."""
         return cls(
             job_name=name,
             output_dir=output_dir,
             metrics_port=spec.metrics.port if spec.metrics.enabled else 0,
             gpu_sample_seconds=spec.metrics.gpu_sample_seconds,
             peak_tflops=spec.metrics.peak_tflops,
+            tracking=TrackingSettings.for_job(spec, name=name, api_kind=api_kind, git_commit=git_commit),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -81,6 +192,7 @@ class RuntimeEnv:
             env[PROGRESS_FILE] = self.progress_file
         if not self.log_lines:
             env[LOG_LINES] = "0"
+        env.update(self.tracking.to_env())
         return env
 
     @classmethod
@@ -96,6 +208,7 @@ class RuntimeEnv:
             peak_tflops=_number(env, PEAK_TFLOPS, minimum=1e-9),
             progress_file=env.get(PROGRESS_FILE) or None,
             log_lines=env.get(LOG_LINES, "1") != "0",
+            tracking=TrackingSettings.from_environ(env),
         )
 
 

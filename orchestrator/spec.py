@@ -435,6 +435,35 @@ class Metrics(Model):
     """Peak dense TFLOP/s of one GPU for MFU, when the built-in table does not know it."""
 
 
+class MlflowCredentials(Model):
+    """Secret keys handed to the MLflow client as MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN."""
+
+    username: SecretRef | None = None
+    password: SecretRef | None = None
+    token: SecretRef | None = None
+
+
+class MlflowTracking(Model):
+    tracking_uri: Annotated[str, Field(min_length=1)] | None = None
+    """None: the run-time environment says (ORCH_MLFLOW_TRACKING_URI, e.g. from a Secret, or MLFLOW_TRACKING_URI)."""
+    experiment: Annotated[str, Field(min_length=1)] | None = None
+    """None: the job name."""
+    run_name: Annotated[str, Field(min_length=1)] | None = None
+    """None: the job name (the submitted name on a cluster)."""
+    log_model: bool = True
+    """Upload model.pt as an artifact of the run (summary.json always is)."""
+    credentials: MlflowCredentials = MlflowCredentials()
+
+
+class Tracking(Model):
+    """Experiment tracking by the built-in trainer (rank 0): see docs/tracking.md."""
+
+    tensorboard: bool = False
+    """Event files under <output dir>/tensorboard/: scalars at every log step and evaluation."""
+    mlflow: MlflowTracking | None = None
+    """One MLflow run per job: params, metrics, summary.json and model.pt; a resumed job continues it."""
+
+
 # --- the job -------------------------------------------------------------------------------------------------
 
 
@@ -482,6 +511,7 @@ class JobSpec(Model):
     """activeDeadlineSeconds of the job."""
     ttl_after_finished: Duration | None = None
     metrics: Metrics = Metrics()
+    tracking: Tracking = Tracking()
     labels: dict[LabelKey, LabelValue] = {}
     annotations: dict[LabelKey, StringValue] = {}
     pod_overrides: dict[str, Any] = {}
@@ -555,7 +585,23 @@ class JobSpec(Model):
                 )
         if api_error := api_problem(self, self.api):
             raise FieldError(*api_error)
+        self._check_tracking()
         return self
+
+    def _check_tracking(self) -> None:
+        tracking = self.tracking
+        if (tracking.tensorboard or tracking.mlflow) and self.train is None:
+            raise FieldError(
+                "tracking",
+                "applies to the built-in trainer (train:); a command job logs itself "
+                "(set MLFLOW_TRACKING_URI in env for your script)",
+            )
+        if tracking.mlflow is not None:
+            for key, env_name in MLFLOW_CREDENTIAL_ENV.items():
+                if getattr(tracking.mlflow.credentials, key) and env_name in {**self.env, **self.secret_env}:
+                    raise FieldError(
+                        f"tracking.mlflow.credentials.{key}", f"{env_name} is also set in env or secret_env"
+                    )
 
     @property
     def world_size(self) -> int:
@@ -660,6 +706,13 @@ def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
                     "volumeMounts and securityContext)"
     return None
 
+
+# tracking.mlflow.credentials -> the environment variables the MLflow client reads.
+MLFLOW_CREDENTIAL_ENV = {
+    "username": "MLFLOW_TRACKING_USERNAME",
+    "password": "MLFLOW_TRACKING_PASSWORD",
+    "token": "MLFLOW_TRACKING_TOKEN",
+}
 
 # Paths orch mounts into every pod (see manifests/pytorchjob.yaml.j2); a user volume cannot take them.
 RESERVED_MOUNTS = ("/dev/shm", "/etc/orch", "/orch/output")

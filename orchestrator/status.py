@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.trainer import tracking
+
 if TYPE_CHECKING:
     from orchestrator.cluster.apis import JobAPI
 
@@ -70,6 +72,9 @@ class JobStatus:
     restarts: int  # whole-job restarts (TrainJob: JobSet recreated every pod); PyTorchJob: most of one pod
     pods: list[PodSummary] = field(default_factory=list)
     events: list[dict[str, str]] = field(default_factory=list)
+    tracking: dict[str, str] = field(
+        default_factory=dict
+    )  # {"mlflow": ..., "tensorboard": ...} (render's annotation)
 
     @property
     def finished(self) -> bool:
@@ -123,6 +128,7 @@ def job_status(
         restarts=api.restarts(job, list(pods)),
         pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
+        tracking=tracking.describe(dig(job, "metadata", "annotations")),
     )
 
 
@@ -270,6 +276,7 @@ def format_status(status: JobStatus) -> str:
         lines.append(f"Message:     {status.message}")
     lines += [f"Started:     {status.start_time or '-'}", f"Completed:   {status.completion_time or '-'}"]
     lines.append(f"Restarts:    {status.restarts}")
+    lines += [f"Tracking:    {sink} {where}" for sink, where in status.tracking.items()]
     if status.replicas:
         lines += ["", "Replicas:"]
         rows = [["ROLE", "ACTIVE", "SUCCEEDED", "FAILED"]]

@@ -59,11 +59,13 @@ def output_option(*choices: str, default: str | None = None) -> Callable[[F], F]
     return decorate
 
 
-def load_job(job_file: str, overrides: tuple[str, ...], *, require_image: bool = False) -> JobSpec:
+def load_job(
+    job_file: str, overrides: tuple[str, ...], *, require_image: bool = False, local_run: bool = False
+) -> JobSpec:
     """Load and validate a job file for a command; raises SpecError (exit 2) on any problem."""
     from orchestrator import loading
 
-    return loading.load_job(job_file, overrides, require_image=require_image)
+    return loading.load_job(job_file, overrides, require_image=require_image, local_run=local_run)
 
 
 def api_option(fn: F) -> F:

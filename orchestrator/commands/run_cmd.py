@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from orchestrator.commands.common import job_options, load_job
+from orchestrator.runtime_env import TENSORBOARD_SUBDIR
+from orchestrator.trainer.tracking import read_links
 
 
 @click.command()
@@ -39,7 +41,7 @@ def run(
     """
     from orchestrator import local
 
-    spec = load_job(job_file, overrides)
+    spec = load_job(job_file, overrides, local_run=True)
     plan = local.plan(spec, procs=procs, steps=steps, output_dir=output_dir)
     what = (
         f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
@@ -51,9 +53,21 @@ def run(
         click.echo(f"warning: {warning}", err=True)
     with local.claim(plan) as claimed:
         click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/")
+        if spec.tracking.tensorboard:
+            click.echo(f"tensorboard --logdir {claimed.output_dir / TENSORBOARD_SUBDIR}")
         summary = local.run(claimed, progress_bar=sys.stdout.isatty())
     if summary is not None:
         click.echo(format_summary(summary))
+        if (spec.tracking.tensorboard or spec.tracking.mlflow) and (links := read_links(claimed.output_dir)):
+            click.echo(format_links(links))
+
+
+def format_links(links: dict[str, str]) -> str:
+    """Where the run is recorded, on one line: the MLflow run's page, TensorBoard's command."""
+    parts = [f"mlflow {links['mlflow']}"] if "mlflow" in links else []
+    if "tensorboard" in links:
+        parts.append(f"tensorboard --logdir {links['tensorboard']}")
+    return "tracking: " + ", ".join(parts)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.metrics import Meter
     from orchestrator.trainer.report import Reporter
+    from orchestrator.trainer.tracking import NullTracker
 
 
 class NonFiniteLoss(RuntimeError):
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.cuda_alloc_conf:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", cfg.cuda_alloc_conf)
 
-    from orchestrator.trainer import dist, metrics, report
+    from orchestrator.trainer import dist, metrics, report, tracking
 
     # --- process group, reporter, metrics -------------------------------------------------------------
     world = dist.init()
@@ -62,23 +63,41 @@ def main(argv: list[str] | None = None) -> None:
         node_rank=world.node_rank,
         device=str(world.device),
     )
+    # MLflow / TensorBoard on rank 0 (job.yaml's `tracking:`); a tracker that does nothing anywhere else.
+    tracker = tracking.build(
+        runtime.tracking,
+        enabled=world.is_main,
+        job_name=runtime.job_name,
+        output_dir=Path(runtime.output_dir),
+    )
+    tracker.log_params(tracking.job_params(cfg.model_dump(mode="json"), world, runtime.tracking))
+    failed = True
     try:
         # The training body is its own function so that the model, DDP's reducer and their references to
         # the process group are gone before it is destroyed (a gloo group freed later can abort the process).
-        train(cfg, runtime, world, reporter, meter, started=started)
+        train(cfg, runtime, world, reporter, meter, tracker, started=started)
+        failed = False
     finally:
+        tracking.finish(tracker, Path(runtime.output_dir), failed=failed)  # what was not sent is said here
         reporter.close()
         meter.close()
         dist.close()
 
 
 def train(
-    cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, reporter: Reporter, meter: Meter, *, started: float
+    cfg: TrainSpec,
+    runtime: RuntimeEnv,
+    world: Dist,
+    reporter: Reporter,
+    meter: Meter,
+    tracker: NullTracker,
+    *,
+    started: float,
 ) -> None:
     """Build everything, resume, run the loop, write the results. Collective: every rank calls it."""
     import torch
 
-    from orchestrator.trainer import checkpoint, data, parallel, precision, report
+    from orchestrator.trainer import checkpoint, data, parallel, precision, report, tracking
     from orchestrator.trainer.evaluate import evaluate
     from orchestrator.trainer.schedule import Scheduler
     from orchestrator.trainer.step import train_step
@@ -133,6 +152,9 @@ def train(
         reporter.say(f"resumed from {resumed.path} at step {step}")
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
+    # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
+    saved_tracking = (resumed.state.get("tracking") or {}) if resumed is not None else {}
+    tracker.start(run_id=saved_tracking.get("mlflow_run_id"), step=step)
     del resumed
     samples_per_rank = micro * layout.accumulation
     work = report.Workload(
@@ -150,6 +172,7 @@ def train(
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
             "counters": progress.counters(),
+            "tracking": tracker.state(),  # {"mlflow_run_id": ...} from rank 0, which writes the checkpoint
         }
         checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
 
@@ -159,13 +182,19 @@ def train(
         else None
     )
 
-    def run_eval() -> dict[str, float]:
+    def run_eval(step: int) -> dict[str, Any]:
+        """Evaluate; the task's own numbers (on_eval) join the results; every sink but the reporter gets them."""
         if eval_batches is None:
             return {}
-        return evaluate(
+        results: dict[str, Any] = evaluate(
             module, eval_batches, loss_fn=task.loss_fn, metrics_fn=task.eval_metrics,
             autocast=autocast, device=world.device,
         )  # fmt: skip
+        extra = tracking.hook_scalars(task.on_eval(step, dict(results)), "on_eval")
+        results.update(extra)
+        meter.on_task_metrics(tracking.numeric(extra))
+        tracker.log_metrics(step, tracking.prefixed("eval", results))
+        return results
 
     reporter.say(
         f"training {cfg.task} for {max_steps} steps: world {world.world_size} x micro-batch {micro} x "
@@ -196,11 +225,15 @@ def train(
         if step % cfg.log_every == 0 or step == max_steps:
             # The loss and the fp16 scale are read here only: a collective and host syncs.
             stats = progress.log(stats, loss_scale=precision.loss_scale(scaler))
-            reporter.step(stats)
+            logged = tracking.step_metrics(stats)  # loss, lr, grad_norm, samples_per_second
+            extra = tracking.hook_scalars(task.on_log(step, dict(logged)), "on_log")
+            reporter.step(stats, extra)
+            meter.on_task_metrics(tracking.numeric(extra))
+            tracker.log_metrics(step, tracking.prefixed("train", {**logged, **extra}))
         meter.on_step(stats)
 
         if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps:
-            results = run_eval()
+            results = run_eval(step)
             reporter.evaluation(step=step, results=results)
             # plateau watches the eval loss, or the training loss when the task has no eval set
             watched = results.get("loss", progress.last_loss)
@@ -214,7 +247,7 @@ def train(
     if resumed_from != max_steps:
         save_checkpoint()
     checkpoints.close()  # async: the last write is on disk and in place
-    results = run_eval()
+    results = run_eval(step)
     if results:
         reporter.evaluation(step=step, results=results)
     summary = report.summary(
@@ -230,6 +263,8 @@ def train(
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.write_atomic(output_dir / "model.pt", final_model)
         report.write_json(output_dir / "summary.json", summary)
+        model_file = [output_dir / "model.pt"] if runtime.tracking.mlflow_log_model else []
+        tracker.log_artifacts([output_dir / "summary.json", *model_file])
         reporter.done(summary, summary_file=output_dir / "summary.json")
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()

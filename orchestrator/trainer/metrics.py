@@ -183,6 +183,8 @@ class Meter(Protocol):
 
     def set_memory(self, **bytes_by_kind: int | None) -> None: ...
 
+    def on_task_metrics(self, values: dict[str, float]) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -199,6 +201,9 @@ class NullMetrics:
 
     def set_memory(self, **bytes_by_kind: int | None) -> None:
         """Bytes of parameters, gradients and optimizer state this rank holds (FSDP: its shards)."""
+
+    def on_task_metrics(self, values: dict[str, float]) -> None:
+        """The task's own numbers (Task.on_log / on_eval) as orch_task_metric{name=...}."""
 
     def close(self) -> None:
         pass
@@ -267,6 +272,13 @@ class PrometheusMetrics(NullMetrics):
         self._data_wait = counter("orch_train_data_wait_seconds", "Time spent waiting for the data loader")
         self._last_step_time = gauge("orch_train_last_step_timestamp_seconds", "Unix time of the last step")
         self._loss_scale = gauge("orch_train_amp_loss_scale", "AMP (fp16) gradient scaler scale")
+        self._task_metric = Gauge(
+            "orch_task_metric",
+            "A number the task reports itself (Task.on_log / on_eval), by name",
+            (*names, "name"),
+            registry=None,
+            multiprocess_mode="livemostrecent",
+        )
         self._skipped = counter(
             "orch_train_amp_skipped_steps", "Optimizer steps skipped by AMP (inf/nan grads)"
         )
@@ -417,6 +429,10 @@ class PrometheusMetrics(NullMetrics):
         for key, value in bytes_by_kind.items():
             if key.endswith("_bytes") and value is not None and not key.startswith("peak"):
                 self._state_bytes.labels(**self._labels, kind=key.removesuffix("_bytes")).set(value)
+
+    def on_task_metrics(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self._task_metric.labels(**self._labels, name=name).set(value)
 
     def close(self) -> None:
         if self._gpu is not None:

@@ -198,21 +198,24 @@ class Reporter:
         if self.enabled and self.lines:
             print(message, flush=True)
 
-    def step(self, stats: StepStats) -> None:
-        """A log step: `stats` comes from `Progress.log`, so loss and rates are set."""
+    def step(self, stats: StepStats, extra: dict[str, Any] | None = None) -> None:
+        """A log step: `stats` comes from `Progress.log`, so loss and rates are set. `extra`: the task's
+        own numbers (Task.on_log), shown after orch's."""
         loss, rate, eta = stats.loss or 0.0, stats.samples_per_second or 0.0, stats.eta_seconds or 0.0
+        extra = extra or {}
         self.event("step", step=stats.step, max_steps=stats.max_steps, loss=stats.loss, lr=stats.lr,
                    grad_norm=stats.grad_norm, samples_per_second=rate, eta_seconds=eta,
-                   skipped=stats.skipped_total)  # fmt: skip
+                   skipped=stats.skipped_total, extra=extra)  # fmt: skip
         self.say(
             f"step {stats.step}/{stats.max_steps}  loss {loss:.4f}  lr {stats.lr:.3g}  "
             f"grad_norm {stats.grad_norm:.3g}  {rate:,.0f} samples/s  eta {format_duration(eta)}"
             + (f"  skipped {stats.skipped_total}" if stats.skipped_total else "")
+            + "".join(f"  {name} {format_value(value)}" for name, value in extra.items())
         )
 
-    def evaluation(self, *, step: int, results: dict[str, float]) -> None:
+    def evaluation(self, *, step: int, results: dict[str, Any]) -> None:
         self.event("eval", step=step, **results)
-        self.say(f"eval at step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        self.say(f"eval at step {step}: " + "  ".join(f"{k} {format_value(v)}" for k, v in results.items()))
 
     def done(self, summary: dict[str, Any], *, summary_file: Path) -> None:
         self.event("done", **summary)
@@ -229,6 +232,11 @@ class Reporter:
         if self.events:
             self.events.close()
             self.events = None
+
+
+def format_value(value: Any) -> str:
+    """A number as the log lines show them (4 decimals); anything else a task returns, as text."""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ def _requirements() -> list[str]:
         *project["build-system"]["requires"],
         *project["project"]["dependencies"],
         *project["project"]["optional-dependencies"]["train"],
+        *project["project"]["optional-dependencies"]["tracking"],  # the images install [train,tracking]
         TORCH_SPEC,
     ]
 

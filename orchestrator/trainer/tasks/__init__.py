@@ -21,6 +21,13 @@ from orchestrator.spec import BUILTIN_TASKS
 # `outputs = model(inputs)` and `loss_fn(outputs, targets)`.
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 MetricFn = Callable[[Any, torch.Tensor], dict[str, float]]
+# on_log(step, metrics) / on_eval(step, results): the task's own numbers, or None.
+Hook = Callable[[int, dict[str, float]], "dict[str, float] | None"]
+
+
+def no_extra_metrics(step: int, metrics: dict[str, float]) -> dict[str, float] | None:
+    """The default hook: the task adds nothing."""
+    return None
 
 
 @dataclass
@@ -41,6 +48,13 @@ class Task:
     shard_units: list[nn.Module] | None = None
     """`train.parallel: fsdp`: the submodules of `model` sharded (and gathered) as one unit each, e.g.
     the transformer blocks; the root takes the rest. None: each direct child module with parameters."""
+    on_log: Hook = no_extra_metrics
+    """Called on every rank at each log step with the step and orch's numbers of it (loss, lr, grad_norm,
+    samples_per_second); returns extra scalars, e.g. {"perplexity": 12.3}, or None. They go wherever orch's
+    go: the log line, Prometheus (orch_task_metric), MLflow and TensorBoard (as train/NAME)."""
+    on_eval: Hook = no_extra_metrics
+    """Called on every rank after each evaluation with the step and its results; returns extra scalars (added
+    to the evaluation's results: log line, summary.json, MLflow and TensorBoard as eval/NAME), or None."""
 
 
 # The names job.yaml accepts (checked by the spec) are the modules of this package, each with a `make`.

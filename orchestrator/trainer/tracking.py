@@ -1,0 +1,575 @@
+"""Experiment tracking: where rank 0 records a run besides stdout and Prometheus (MLflow, TensorBoard).
+
+Sinks in the torchtitan style: a `NullTracker` that does nothing (every rank but 0, or tracking off), one class
+per backend, and `Trackers` that fans out to several. The loop calls the same four methods whatever is on:
+
+    tracker.start(run_id=..., step=...)      after the resume: continue the checkpoint's MLflow run, if any
+    tracker.log_metrics(step, {"train/loss": ...})   at log steps and evaluations
+    tracker.log_artifacts([summary.json, model.pt])  at the end
+    tracker.close(failed=...)                in the entrypoint's `finally`
+
+Tracking never takes training down. MLflow calls run on a background thread: a server that does not answer
+costs the loop nothing, is one warning, and what it missed is kept and sent again later (every
+`retry_seconds`, and once more at the end); what still could not be sent is said when the run closes. A
+TensorBoard writer that fails (a full disk) is one warning and is switched off.
+
+mlflow and tensorboard are optional (`pip install 'orchestrator[tracking]'`) and imported only when used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import naming
+from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI, TrackingSettings
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
+
+PIP_LINE = "pip install 'orchestrator[tracking]'"
+# What each sink imports, and the distribution that provides it (mlflow-skinny is enough for the client).
+REQUIREMENTS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+
+# Tags on the MLflow run. `mlflow.source.git.commit` is MLflow's own (its UI shows it as the run's source).
+TAG_JOB, TAG_NAMESPACE, TAG_API_KIND = "orch.job", "orch.namespace", "orch.api_kind"
+TAG_GIT_COMMIT = "mlflow.source.git.commit"
+# MLflow's REST limits per log_batch request.
+MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH = 1000, 100
+# Our own HTTP budget for one MLflow call (the client's defaults retry for minutes). Environment wins.
+MLFLOW_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # orch says where the run is, once, at the end
+}
+DEFAULT_RETRY_SECONDS = 30.0
+DEFAULT_CLOSE_SECONDS = 120.0
+LINKS_FILE = "tracking.json"  # in the output dir: the run's links, for `orch run`'s last line
+
+
+def missing_requirements(settings: TrackingSettings) -> list[str]:
+    """The optional packages this job's tracking needs and this Python lacks (checked without importing)."""
+    wanted = (["mlflow"] if settings.mlflow else []) + (["tensorboard"] if settings.tensorboard_dir else [])
+    return [REQUIREMENTS[name] for name in wanted if importlib.util.find_spec(name) is None]
+
+
+def tracking_uri_problem(settings: TrackingSettings, environ: Mapping[str, str]) -> str | None:
+    """Why an MLflow job cannot know its server, or None (`environ`: what the trainer will see)."""
+    if not settings.mlflow or settings.mlflow_tracking_uri:
+        return None
+    if environ.get(ENV_MLFLOW_TRACKING_URI) or environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (
+        f"no MLflow server: set tracking.mlflow.tracking_uri, or {ENV_MLFLOW_TRACKING_URI} "
+        "(e.g. from a Secret through secret_env)"
+    )
+
+
+def spec_problem(spec: JobSpec, *, local: bool) -> tuple[tuple[str, ...], str] | None:
+    """(field path, message) when the job's tracking cannot work where it is about to run, else None.
+
+    local (`orch run`): the packages must be importable here and the URI known from the spec or this shell.
+    Otherwise (render, submit): the URI must come from the spec or from the job's env / secret_env.
+    """
+    settings = TrackingSettings.for_job(spec, name=spec.name, api_kind="")
+    if not settings.enabled:
+        return None
+    if local and (missing := missing_requirements(settings)):
+        field = "mlflow" if "mlflow" in missing else "tensorboard"
+        return ("tracking", field), f"needs {' and '.join(missing)}, not installed here: {PIP_LINE}"
+    environ: Mapping[str, str] = (
+        {**os.environ, **spec.env} if local else dict.fromkeys({*spec.env, *spec.secret_env}, "set")
+    )
+    if problem := tracking_uri_problem(settings, environ):
+        return ("tracking", "mlflow", "tracking_uri"), problem
+    return None
+
+
+# --- sinks ------------------------------------------------------------------------------------------------
+
+
+class NullTracker:
+    """Tracker that does nothing: every rank but 0, and jobs without a `tracking:` section."""
+
+    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def log_artifacts(self, paths: list[Path]) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps so that a resumed job continues the same run."""
+        return {}
+
+    def links(self) -> dict[str, str]:
+        """Where to look at the run: {"mlflow": run URL, "tensorboard": log dir}."""
+        return {}
+
+    def close(self, *, failed: bool = False) -> list[str]:
+        """Finish the run; returns what could not be recorded (one line each), empty when all went through."""
+        return []
+
+
+class TensorBoardTracker(NullTracker):
+    """Scalars as TensorBoard event files under `log_dir`, written by torch's SummaryWriter."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.writer: Any = None
+        self.failed: str | None = None
+        self.dropped = 0
+
+    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        # purge_step: a resumed run first drops the steps after its checkpoint that the previous attempt
+        # wrote (TensorBoard's reader honours it), so the curves do not fold back on themselves.
+        self._guard(
+            lambda: setattr(
+                self, "writer", SummaryWriter(str(self.log_dir), purge_step=step + 1 if step else None)
+            )
+        )
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        def write() -> None:
+            for name, value in metrics.items():
+                self.writer.add_scalar(name, value, global_step=step)
+            self.writer.flush()  # an event file a reader sees whole at every log step
+
+        if not self._guard(write):
+            self.dropped += len(metrics)
+
+    def links(self) -> dict[str, str]:
+        return {"tensorboard": str(self.log_dir)}
+
+    def close(self, *, failed: bool = False) -> list[str]:
+        if self.writer is not None:
+            self._guard(self.writer.close)
+        if self.failed:
+            return [f"TensorBoard: {self.dropped} values not written to {self.log_dir} ({self.failed})"]
+        return []
+
+    def _guard(self, action: Any) -> bool:
+        if self.failed:
+            return False
+        try:
+            action()
+            return True
+        except Exception as error:  # a full disk, a read-only volume: warn once and stop writing
+            self.failed = f"{type(error).__name__}: {error}"
+            warn(f"TensorBoard: cannot write to {self.log_dir} ({self.failed}); training goes on without it")
+            return False
+
+
+@dataclass
+class _Pending:
+    """What the MLflow thread has yet to send, in order."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: list[tuple[str, float, int, int]] = field(default_factory=list)  # key, value, ms, step
+    artifacts: list[Path] = field(default_factory=list)
+    status: str | None = None
+
+
+class MlflowTracker(NullTracker):
+    """One MLflow run per job, continued on resume. All network calls happen on a background thread."""
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, str],
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        close_seconds: float = DEFAULT_CLOSE_SECONDS,
+    ) -> None:
+        self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
+        self.tags = dict(tags)
+        self.retry_seconds, self.close_seconds = retry_seconds, close_seconds
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._resume_id: str | None = None
+        self._resumed = False
+        self._client: Any = None
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._pending = _Pending()
+        self._warned = False
+        self._last_error: str | None = None
+        self._next_try = 0.0
+        self._thread: threading.Thread | None = None
+        self._first_try = threading.Event()  # the run was created, or creating it failed once
+
+    # --- the loop's side: never blocks on the network -----------------------------------------------------
+
+    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+        self._resume_id = run_id
+        for name, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        self._thread = threading.Thread(target=self._serve, name="orch-mlflow", daemon=True)
+        self._thread.start()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._inbox.put(("params", {k: str(v) for k, v in params.items()}))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self._inbox.put(("metrics", [(k, float(v), now, step) for k, v in metrics.items()]))
+
+    def log_artifacts(self, paths: list[Path]) -> None:
+        self._inbox.put(("artifacts", list(paths)))
+
+    def state(self) -> dict[str, Any]:
+        # A checkpoint must name the run: wait for the first attempt to create it (the thread's first job,
+        # bounded by the HTTP timeouts; usually long done when the first checkpoint is saved).
+        if self._thread is not None:
+            self._first_try.wait(timeout=self.close_seconds)
+        run_id = self.run_id or self._resume_id
+        return {"mlflow_run_id": run_id} if run_id else {}
+
+    def links(self) -> dict[str, str]:
+        if self.run_id is None:
+            return {}
+        return {"mlflow": run_url(self.tracking_uri or _default_uri(), self.experiment_id, self.run_id)}
+
+    def close(self, *, failed: bool = False) -> list[str]:
+        if self._thread is None:
+            return []
+        self._inbox.put(("close", "FAILED" if failed else "FINISHED"))
+        self._thread.join(timeout=self.close_seconds)
+        pending = self._pending
+        unsent = len(pending.metrics) + len(pending.params) + len(pending.artifacts)
+        if not unsent and self.run_id is not None and not self._thread.is_alive():
+            return []
+        what = ", ".join(
+            f"{n} {noun}"
+            for n, noun in (
+                (len(pending.metrics), "metric values"),
+                (len(pending.params), "params"),
+                (len(pending.artifacts), "artifacts"),
+            )
+            if n
+        )
+        where = self.tracking_uri or _default_uri()
+        return [
+            f"MLflow: not sent to {where}: {what or 'the run itself'} ({self._last_error or 'timed out'})"
+        ]
+
+    # --- the thread's side -------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        closing = False
+        while not closing:
+            # Idle: sleep until something arrives. Behind: wake up when the next attempt is due.
+            wait = max(0.0, self._next_try - time.monotonic()) if self._has_pending() else None
+            items = []
+            try:
+                items.append(self._inbox.get(timeout=wait))
+                while True:  # drain whatever else is waiting: one request for many log steps
+                    items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for kind, payload in items:
+                self._take(kind, payload)
+                closing = closing or kind == "close"
+            if closing or time.monotonic() >= self._next_try:
+                self._flush()
+
+    def _has_pending(self) -> bool:
+        pending = self._pending
+        return bool(
+            pending.metrics or pending.params or pending.artifacts or pending.status or not self.run_id
+        )
+
+    def _take(self, kind: str, payload: Any) -> None:
+        pending = self._pending
+        if kind == "params":
+            pending.params.update(payload)
+        elif kind == "metrics":
+            pending.metrics.extend(payload)
+        elif kind == "artifacts":
+            pending.artifacts.extend(payload)
+        elif kind == "close":
+            pending.status = payload
+
+    def _flush(self) -> None:
+        try:
+            try:
+                self._ensure_run()
+            finally:
+                self._first_try.set()
+            self._send()
+        except Exception as error:  # unreachable, 5xx, auth: keep everything, say it once, try again later
+            self._last_error = f"{type(error).__name__}: {_first_line(error)}"
+            self._next_try = time.monotonic() + self.retry_seconds
+            if not self._warned:
+                self._warned = True
+                warn(
+                    f"MLflow at {self.tracking_uri or _default_uri()} did not answer ({self._last_error}); "
+                    f"training goes on, and what it missed is sent again every {self.retry_seconds:g} s"
+                )
+
+    def _ensure_run(self) -> None:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.run_id is not None:
+            return
+        client = self._client
+        if self._resume_id is not None:
+            from mlflow.exceptions import MlflowException
+
+            try:
+                run = client.get_run(self._resume_id)
+            except MlflowException as error:
+                if getattr(error, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                warn(
+                    f"MLflow run {self._resume_id} of the checkpoint is not on this server: starting a new run"
+                )
+                self._resume_id = None
+            else:
+                client.update_run(run.info.run_id, status="RUNNING")
+                self.experiment_id, self.run_id, self._resumed = run.info.experiment_id, run.info.run_id, True
+                return
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+        run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        self.experiment_id, self.run_id = experiment_id, run.info.run_id
+
+    def _send(self) -> None:
+        from mlflow.entities import Metric, Param
+
+        client, pending, run_id = self._client, self._pending, self.run_id
+        if pending.params:
+            params = pending.params
+            if self._resumed:  # params are immutable: a resumed run adds the ones it does not have yet
+                known = client.get_run(run_id).data.params
+                params = {k: v for k, v in params.items() if k not in known}
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+                client.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            pending.params = {}
+        while pending.metrics:
+            batch = pending.metrics[:MAX_METRICS_PER_BATCH]
+            client.log_batch(run_id, metrics=[Metric(k, v, ms, step) for k, v, ms, step in batch])
+            del pending.metrics[: len(batch)]
+        while pending.artifacts:
+            client.log_artifact(run_id, str(pending.artifacts[0]))
+            pending.artifacts.pop(0)
+        if pending.status:
+            client.set_terminated(run_id, status=pending.status)
+            pending.status = None
+
+
+class Trackers(NullTracker):
+    """Fan-out to several trackers (MLflow and TensorBoard together)."""
+
+    def __init__(self, trackers: list[NullTracker]) -> None:
+        self.trackers = trackers
+
+    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+        for tracker in self.trackers:
+            tracker.start(run_id=run_id, step=step)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        for tracker in self.trackers:
+            tracker.log_params(params)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        for tracker in self.trackers:
+            tracker.log_metrics(step, metrics)
+
+    def log_artifacts(self, paths: list[Path]) -> None:
+        for tracker in self.trackers:
+            tracker.log_artifacts(paths)
+
+    def state(self) -> dict[str, Any]:
+        return {k: v for tracker in self.trackers for k, v in tracker.state().items()}
+
+    def links(self) -> dict[str, str]:
+        return {k: v for tracker in self.trackers for k, v in tracker.links().items()}
+
+    def close(self, *, failed: bool = False) -> list[str]:
+        return [line for tracker in self.trackers for line in tracker.close(failed=failed)]
+
+
+def build(
+    settings: TrackingSettings, *, enabled: bool, job_name: str, output_dir: Path, **mlflow_options: Any
+) -> NullTracker:
+    """The trackers a job asked for, on the rank that logs (`enabled`); a NullTracker anywhere else."""
+    if not enabled or not settings.enabled:
+        return NullTracker()
+    if missing := missing_requirements(settings):
+        raise RuntimeError(f"tracking needs {' and '.join(missing)}, not installed here: {PIP_LINE}")
+    trackers: list[NullTracker] = []
+    if settings.mlflow:
+        tags = {
+            TAG_JOB: job_name,
+            TAG_NAMESPACE: settings.namespace,
+            TAG_API_KIND: settings.api_kind,
+            TAG_GIT_COMMIT: settings.git_commit,
+        }
+        trackers.append(
+            MlflowTracker(
+                tracking_uri=settings.mlflow_tracking_uri,
+                experiment=settings.mlflow_experiment or job_name,
+                run_name=settings.mlflow_run_name or job_name,
+                tags={k: v for k, v in tags.items() if v},
+                **mlflow_options,
+            )
+        )
+    if settings.tensorboard_dir:
+        trackers.append(
+            TensorBoardTracker(output_dir / settings.tensorboard_dir)
+        )  # relative: under output_dir
+    return trackers[0] if len(trackers) == 1 else Trackers(trackers)
+
+
+# --- what the loop hands over ---------------------------------------------------------------------------
+
+
+def job_params(train: Mapping[str, Any], world: Any, settings: TrackingSettings) -> dict[str, Any]:
+    """The run's params: the train section as the trainer got it, flattened, plus where it ran."""
+    gpus = world.local_world_size if world.device.type == "cuda" else 0
+    where = {
+        "nodes": world.world_size // world.local_world_size,
+        "gpus_per_node": gpus,
+        "procs_per_node": world.local_world_size,
+        "world_size": world.world_size,
+        "image": settings.image or "(none: orch run)",
+    }
+    return {**flatten(train), **where}
+
+
+def step_metrics(stats: Any) -> dict[str, float]:
+    """orch's numbers of a log step (a report.StepStats after Progress.log), as the reporter shows them."""
+    return {
+        "loss": stats.loss,
+        "lr": stats.lr,
+        "grad_norm": stats.grad_norm,
+        "samples_per_second": stats.samples_per_second or 0.0,
+    }
+
+
+def hook_scalars(values: Any, hook: str) -> dict[str, Any]:
+    """What a task's on_log / on_eval returned, checked: a dict with string keys, or None (nothing)."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping) or not all(isinstance(k, str) and k for k in values):
+        raise TypeError(f"Task.{hook} must return a dict of name -> number (or None), not {values!r}")
+    return dict(values)
+
+
+def numeric(values: Mapping[str, Any]) -> dict[str, float]:
+    """The entries that are numbers (bools excluded): what MLflow, TensorBoard and Prometheus can take."""
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def prefixed(prefix: str, values: Mapping[str, Any]) -> dict[str, float]:
+    """Metric names as the trackers show them: train/loss, eval/accuracy."""
+    return {f"{prefix}/{k}": v for k, v in numeric(values).items()}
+
+
+def finish(tracker: NullTracker, output_dir: Path, *, failed: bool) -> None:
+    """Close the run; say what could not be recorded; leave the links in tracking.json for `orch run`."""
+    for line in tracker.close(failed=failed):
+        print(f"tracking: {line}", file=sys.stderr, flush=True)
+    if links := tracker.links():
+        try:
+            write_links(output_dir, links)
+        except OSError as error:
+            warn(f"cannot write {output_dir / LINKS_FILE}: {error}")
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys: {"optimizer": {"lr": 0.1}} -> {"optimizer.lr": 0.1}.
+    Lists stay one value (JSON); an empty mapping is kept as "{}" so every setting shows."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (Mapping, list, tuple)):
+            flat[name] = json.dumps(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def run_url(tracking_uri: str, experiment_id: str | None, run_id: str) -> str:
+    """The run's page in the MLflow UI, or `run ID at URI` when the store is not a web server."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"run {run_id} at {tracking_uri}"
+
+
+def write_links(output_dir: Path, links: Mapping[str, str]) -> None:
+    """tracking.json in the output dir: how `orch run` learns the links of the run it started."""
+    from orchestrator.trainer.report import write_json
+
+    write_json(output_dir / LINKS_FILE, dict(links))
+
+
+def read_links(output_dir: Path) -> dict[str, str]:
+    try:
+        return json.loads((output_dir / LINKS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def describe(annotations: Any) -> dict[str, str]:
+    """`orch status`'s view of a job's tracking, from the annotation render put on the job object:
+    {"mlflow": "URI experiment E, run R", "tensorboard": "DIR (in the pods)"}; {} without one (or for
+    anything unreadable: the object comes from a server)."""
+    text = annotations.get(naming.ANNOTATION_TRACKING) if isinstance(annotations, Mapping) else None
+    try:
+        record = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    shown: dict[str, str] = {}
+    if isinstance(mlflow := record.get("mlflow"), dict):
+        uri = mlflow.get("tracking_uri") or f"(the pods' {ENV_MLFLOW_TRACKING_URI})"
+        shown["mlflow"] = f"{uri} experiment {mlflow.get('experiment')}, run {mlflow.get('run_name')}"
+    if isinstance(record.get("tensorboard"), str):
+        shown["tensorboard"] = f"{record['tensorboard']} (in the pod of rank 0)"
+    return shown
+
+
+def _default_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or "the default MLflow tracking URI"
+
+
+def _first_line(error: BaseException) -> str:
+    """The gist of an error: the OS's reason when the connection failed, else its first line, shortened."""
+    text = str(error).strip()
+    if cause := re.search(r"\[Errno -?\d+\] [^'\")\]]+", text):
+        return cause.group(0)
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,171 @@
+"""The tracking sinks on their own, against a real MLflow server and TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.trainer import tracking
+from tests.tracking.conftest import free_port, metric_history, tensorboard_scalars
+
+pytestmark = pytest.mark.slow
+
+STEPS = {4: {"train/loss": 2.25, "train/lr": 0.1}, 8: {"train/loss": 1.125, "train/lr": 0.05}}
+
+
+def mlflow_tracker(uri: str, experiment: str = "sinks", **options) -> tracking.MlflowTracker:
+    return tracking.MlflowTracker(
+        tracking_uri=uri, experiment=experiment, run_name="one", tags={"orch.job": "one"}, **options
+    )
+
+
+def test_mlflow_records_params_metrics_artifacts_and_finishes(mlflow_server, tmp_path, capsys):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"steps": 8}))
+    tracker = mlflow_tracker(mlflow_server.uri)
+    tracker.start()
+    tracker.log_params({"optimizer.lr": 0.1, "nodes": 1})
+    for step, values in STEPS.items():
+        tracker.log_metrics(step, values)
+    tracker.log_artifacts([summary])
+    assert tracker.close() == []
+    assert "warning" not in capsys.readouterr().err
+
+    client = mlflow_server.client()
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "one"
+    assert run.data.params == {"optimizer.lr": "0.1", "nodes": "1"}
+    assert run.data.tags["orch.job"] == "one"
+    assert metric_history(client, tracker.run_id) == {
+        "train/loss": [(4, 2.25), (8, 1.125)],
+        "train/lr": [(4, 0.1), (8, 0.05)],
+    }
+    assert [a.path for a in client.list_artifacts(tracker.run_id)] == ["summary.json"]
+    downloaded = client.download_artifacts(tracker.run_id, "summary.json", str(tmp_path / "back"))
+    assert json.loads(Path(downloaded).read_text()) == {"steps": 8}
+    assert tracker.links() == {
+        "mlflow": f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{tracker.run_id}"
+    }
+    assert tracker.state() == {"mlflow_run_id": tracker.run_id}
+
+
+def test_a_resumed_tracker_continues_the_same_run(mlflow_server):
+    first = mlflow_tracker(mlflow_server.uri, "sinks-resume")
+    first.start()
+    first.log_params({"a": 1})
+    first.log_metrics(4, {"train/loss": 2.0})
+    assert first.close(failed=True) == []
+    client = mlflow_server.client()
+    assert client.get_run(first.run_id).info.status == "FAILED"
+
+    second = mlflow_tracker(mlflow_server.uri, "sinks-resume")
+    second.start(run_id=first.state()["mlflow_run_id"], step=4)
+    second.log_params({"a": 2, "b": 3})  # `a` is kept from the first attempt (params are immutable)
+    second.log_metrics(8, {"train/loss": 1.0})
+    assert second.close() == []
+
+    assert second.run_id == first.run_id
+    runs = client.search_runs([client.get_experiment_by_name("sinks-resume").experiment_id])
+    assert [r.info.run_id for r in runs] == [first.run_id]
+    assert runs[0].info.status == "FINISHED"
+    assert runs[0].data.params == {"a": "1", "b": "3"}
+    assert metric_history(client, first.run_id) == {"train/loss": [(4, 2.0), (8, 1.0)]}
+
+
+def test_a_server_that_is_down_is_one_warning_and_the_loss_is_said_at_the_end(capsys):
+    tracker = mlflow_tracker(f"http://127.0.0.1:{free_port()}", retry_seconds=0.01, close_seconds=60)
+    tracker.start()
+    tracker.log_params({"a": 1})
+    for step in range(1, 21):
+        tracker.log_metrics(step, {"train/loss": 1.0 / step, "train/lr": 0.1})
+    unsent = tracker.close()
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "did not answer" in err
+    assert len(unsent) == 1
+    assert unsent[0].startswith("MLflow: not sent to http://127.0.0.1:")
+    assert "40 metric values, 1 params" in unsent[0]
+
+
+def test_values_missed_while_the_server_was_down_are_sent_when_it_is_back(mlflow_server, capsys):
+    tracker = mlflow_tracker(
+        mlflow_server.uri, "sinks-outage", retry_seconds=3600
+    )  # only close() tries again
+    tracker.start()
+    tracker.log_metrics(1, {"train/loss": 3.0})
+    _wait_for(lambda: tracker.run_id is not None and not tracker._pending.metrics)
+    mlflow_server.stop()
+    tracker.log_metrics(2, {"train/loss": 2.0})
+    _wait_for(lambda: "did not answer" in capsys.readouterr().err)
+    tracker.log_metrics(3, {"train/loss": 1.0})  # queued behind the failure, not sent
+    mlflow_server.start()
+    assert tracker.close() == []
+    client = mlflow_server.client()
+    assert metric_history(client, tracker.run_id) == {"train/loss": [(1, 3.0), (2, 2.0), (3, 1.0)]}
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_tensorboard_scalars_read_back_and_resume_purges_the_replayed_steps(tmp_path):
+    log_dir = tmp_path / "tensorboard"
+    first = tracking.TensorBoardTracker(log_dir)
+    first.start()
+    for step in (4, 8, 12):
+        first.log_metrics(step, {"train/loss": 1.0 / step})
+    assert first.close() == []
+    # The checkpoint was at step 8: the resumed attempt writes 12 again (another value) and 16.
+    second = tracking.TensorBoardTracker(log_dir)
+    second.start(step=8)
+    for step in (12, 16):
+        second.log_metrics(step, {"train/loss": 2.0 / step})
+    second.close()
+    assert tensorboard_scalars(log_dir) == {
+        "train/loss": [
+            (4, np.float32(1 / 4)),
+            (8, np.float32(1 / 8)),
+            (12, np.float32(2 / 12)),
+            (16, np.float32(2 / 16)),
+        ]
+    }
+
+
+def test_a_tensorboard_dir_that_cannot_be_written_is_one_warning(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    tracker = tracking.TensorBoardTracker(blocker / "tensorboard")
+    tracker.start()
+    tracker.log_metrics(1, {"train/loss": 1.0})
+    tracker.log_metrics(2, {"train/loss": 1.0})
+    unsent = tracker.close()
+    assert capsys.readouterr().err.count("warning: TensorBoard") == 1
+    assert len(unsent) == 1 and unsent[0].startswith("TensorBoard: 2 values not written")
+
+
+def test_fan_out_and_null():
+    null = tracking.NullTracker()
+    both = tracking.Trackers([null, tracking.NullTracker()])
+    both.start(run_id="x", step=3)
+    both.log_metrics(1, {"a": 1.0})
+    assert both.close() == [] and both.links() == {} and both.state() == {}
+
+
+def test_flatten_the_train_section():
+    assert tracking.flatten(
+        {"task": "digits", "task_args": {}, "optimizer": {"lr": 0.1, "betas": [0.9, 0.99]}, "seed": 0}
+    ) == {
+        "task": "digits",
+        "task_args": "{}",
+        "optimizer.lr": 0.1,
+        "optimizer.betas": "[0.9, 0.99]",
+        "seed": 0,
+    }
+
+
+def _wait_for(condition, timeout: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
