@@ -25,9 +25,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     totals: dict[str, float] = {"samples": 0.0}
-    forwards, last = 0, None
+    missing, last = _missing_forwards(model, batches, device), torch.zeros(0)
     for inputs, targets in batches:
-        forwards, last = forwards + 1, inputs
+        last = inputs
         inputs, targets = inputs.to(device), targets.to(device)
         with autocast():
             outputs = model(inputs)
@@ -37,7 +37,9 @@ def evaluate(
         totals["samples"] += count
         for name, value in values.items():
             totals[name] = totals.get(name, 0.0) + value * count
-    _forward_in_lockstep(model, forwards, last, autocast, device)
+    for _ in range(missing):  # FSDP: stay in step with the ranks that have one batch more
+        with autocast():
+            model(last.to(device))
     model.train(was_training)
     # Small host-side dicts: ranks with no samples contribute nothing and need not know the metric names.
     gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
@@ -50,17 +52,16 @@ def evaluate(
     return {name: value / samples for name, value in combined.items()} if samples else {}
 
 
-def _forward_in_lockstep(
-    model: nn.Module, count: int, last: Any, autocast: Any, device: torch.device
-) -> None:
+def _missing_forwards(model: nn.Module, batches: Any, device: torch.device) -> int:
     """FSDP: every forward all-gathers parameters, so every rank must run as many forwards as the rank
-    with the most eval batches (the sharded eval set differs by one batch at most): repeat the last one
-    and discard it."""
-    from torch.distributed.fsdp import FSDPModule
+    with the most eval batches (the sharded eval set differs by one batch at most). Agreed before the
+    loop (a collective of its own): how many batches this rank repeats (and discards) at the end."""
+    from orchestrator.trainer import parallel
 
-    if not isinstance(model, FSDPModule):
-        return
-    counts = torch.tensor([count, -count], device=device)
+    if not parallel.is_sharded(model):
+        return 0
+    mine = len(batches)
+    counts = torch.tensor([mine, -mine], device=device)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     most, fewest = int(counts[0]), -int(counts[1])
     if most and not fewest:
@@ -68,6 +69,4 @@ def _forward_in_lockstep(
             f"train.parallel fsdp: the eval set is smaller than the world size {dist.get_world_size()} "
             "(a rank has no eval sample): use more eval samples"
         )
-    for _ in range(most - count):
-        with autocast():
-            model(last.to(device))
+    return most - mine

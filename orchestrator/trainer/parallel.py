@@ -129,6 +129,15 @@ def grad_scaler(precision: str, device: torch.device, mode: str) -> torch.amp.Gr
     return precision_mod.grad_scaler(precision, device)
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is fully_shard-ed (FSDP2). torch without FSDP2 has none."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
 @contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
     """Accumulate gradients locally, without reducing them: DDP's no_sync, FSDP2's gradient sync off.
@@ -136,14 +145,13 @@ def no_sync(model: nn.Module) -> Iterator[None]:
     Under FSDP the unsharded gradients are kept until the micro-step that syncs (more memory, one
     reduce-scatter per unit per optimizer step instead of one per micro-step).
     """
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(False)
+    if is_sharded(model):
+        sharded: Any = model  # an FSDPModule
+        sharded.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            sharded.set_requires_gradient_sync(True)
     else:
         with model.no_sync():  # type: ignore[operator]
             yield

@@ -131,3 +131,16 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_tmp(run_job, 
     assert "CheckpointError: checkpoint at step 4: could not write " in last
     assert f"{directory}: no space left on device; free space there" in last
     assert list(directory.iterdir()) == []  # no .tmp left behind
+
+
+def test_evaluation_with_uneven_shards_matches_ddp(run_job):
+    """65 eval samples on 2 ranks: rank 0 has 9 batches, rank 1 has 8. Under FSDP every forward is
+    collective, so rank 1 repeats a batch (discarded); the result is DDP's."""
+    args = {**TASK_ARGS, "eval_samples": 65}
+    runs = {mode: run_job(spec(f"eval-{mode}", mode, task_args=args, max_steps=4), "--procs", "2")
+            for mode in ("ddp", "fsdp")}  # fmt: skip
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr
+    ddp, fsdp = runs["ddp"].summary["eval"], runs["fsdp"].summary["eval"]
+    assert fsdp["accuracy"] == ddp["accuracy"]
+    assert fsdp["loss"] == pytest.approx(ddp["loss"], rel=1e-5)
