@@ -266,3 +266,44 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
     checkpoint.set_rng_state(saved)
     again = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(expected[0], again[0]) and expected[1:] == again[1:]
+
+
+def _load_from_different_directories(rank: int, store: str, shared: str, alone: str, results: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    module = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    state = {"scheduler": {}, "scaler": {}, "counters": {}}
+    kwargs = {"every_steps": 10, "keep": 2, "rank": rank, "world_size": 2}
+    checkpoint.Checkpointer(Path(shared), **kwargs).save(
+        10, module=module, optimizer=optimizer, train_state=state
+    )
+    # rank 1 looks elsewhere, as a pod would whose checkpoint directory is its own emptyDir
+    directory = Path(shared if rank == 0 else alone)
+    try:
+        checkpoint.Checkpointer(directory, **kwargs).load(module=module, optimizer=optimizer)
+        outcome = "loaded"
+    except checkpoint.CheckpointError as error:
+        outcome = str(error)
+    Path(results, f"rank{rank}.txt").write_text(outcome)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_ranks_that_see_different_checkpoints_stop_with_a_message(tmp_path):
+    import torch.multiprocessing as mp
+
+    paths = [tmp_path / name for name in ("shared", "alone", "results")]
+    paths[2].mkdir()
+    mp.spawn(_load_from_different_directories, args=(str(tmp_path / "store"), *map(str, paths)), nprocs=2)
+    outcomes = [(paths[2] / f"rank{r}.txt").read_text() for r in range(2)]
+    tail = (
+        f"(rank 0: {paths[0] / 'step-00000010'}, ranks [1]: other): every rank must see the same checkpoint "
+        "directory; on more than one node, put train.checkpoint.dir on a volume every pod mounts"
+    )
+    # the same decision on both ranks (each names the directory it looked in): nobody trains on alone
+    assert outcomes == [
+        f"ranks disagree on the newest checkpoint in {paths[0]} {tail}",
+        f"ranks disagree on the newest checkpoint in {paths[1]} {tail}",
+    ]
