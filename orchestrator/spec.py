@@ -263,6 +263,11 @@ class TrainSpec(Model):
     """PYTORCH_CUDA_ALLOC_CONF unless the environment already sets it (the seed's 'GPU memory growth')."""
     compile: bool = False
     num_workers: NonNegativeInt = 0
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms: bitwise-reproducible runs and resumes, at a cost in speed."""
+    collective_timeout: Duration = 600
+    """How long a rank waits in a collective (for a peer that died or hangs) before it fails: long enough for
+    rank 0 to write a checkpoint or evaluate while the others wait, short enough to notice a lost node."""
 
     @field_validator("task")
     @classmethod

@@ -5,10 +5,15 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from orchestrator.trainer.compat import TorchTooOld
 from orchestrator.trainer.main import main
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
-record(main)()
+try:
+    record(main)()
+except TorchTooOld as error:  # one line, not a traceback: the fix is the image, not the code
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(2)
 # Everything is written, flushed and closed; the process group is destroyed. Skip the interpreter's
 # finalisation: destructors of gloo's background threads running then occasionally abort the process
 # ("terminate called without an active exception", SIGABRT) after a successful run, about 1 run in 10

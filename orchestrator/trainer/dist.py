@@ -1,33 +1,44 @@
 """The process group, from the environment torchrun gives each worker.
 
-torchrun (and `orch run`, which uses the same launcher) rewrites RANK, WORLD_SIZE and LOCAL_RANK for every
-process it starts, so reading them here is always the per-process truth. In a pod, the operator's RANK is
-the node rank: a trainer started without torchrun would mistake it for its own rank, so we refuse to run
-when torchrun's marker variables are missing but a WORLD_SIZE above 1 is set.
+torchrun (and `orch run`, which uses the same launcher) sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, ... for
+every process it starts, so reading them here is always the per-process truth. torchrun itself reads its
+flags from PET_* variables: the v1 operator sets PET_NNODES/PET_NODE_RANK/PET_MASTER_ADDR/PORT (plus a
+pod-level RANK and WORLD_SIZE), Trainer v2's torch plugin sets only PET_NNODES, PET_NPROC_PER_NODE,
+PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT. Both reach the trainer the same way, through torchrun. A
+trainer started without torchrun would take the operator's RANK (a node rank) for its own, or, under
+Trainer v2, train alone on each node: it refuses to run when the environment says the job has more than
+one process.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-# Every rank waits in a collective while rank 0 evaluates or writes a checkpoint; keep the default NCCL
-# timeout (10 min) from killing a job whose checkpoint write is slow.
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+# How long a worker waits for its peers to join the group: the pods of one job can start minutes apart.
+JOIN_TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
-class Dist:
+class Placement:
+    """Where this process sits in the job (from the environment alone)."""
+
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
     node_rank: int
+    num_nodes: int
     restart_count: int
+
+
+@dataclass(frozen=True)
+class Dist(Placement):
     device: torch.device
 
     @property
@@ -36,50 +47,76 @@ class Dist:
         return self.rank == 0
 
 
-def init() -> Dist:
-    """Read torchrun's env, pick the device and backend, and join the process group."""
+def placement(env: Mapping[str, str]) -> Placement:
+    """Read torchrun's variables; refuse a multi-process job's environment without torchrun."""
+    under_torchrun = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+    if not under_torchrun:
+        nodes, procs = _most(env.get("PET_NNODES")), _most(env.get("PET_NPROC_PER_NODE"))
+        if int(env.get("WORLD_SIZE", "1")) > 1 or nodes > 1 or procs > 1:
+            raise RuntimeError(
+                "this job has more than one process but this one was not started by torchrun "
+                "(WORLD_SIZE/PET_NNODES/PET_NPROC_PER_NODE say so); run `torchrun ... -m orchestrator.trainer`: "
+                "torchrun turns the operator's variables into each process's rank"
+            )
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    # GROUP_RANK is torchrun's rank of this node in the group (the order of RANK), equal to PET_NODE_RANK
+    # with a static rendezvous, assigned by the rendezvous when elastic. Without torchrun: a group of one.
+    node_rank = env.get("GROUP_RANK") if under_torchrun else env.get("PET_NODE_RANK")
+    return Placement(
+        rank=int(env.get("RANK", "0")),
+        world_size=world_size,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=local_world_size,
+        node_rank=int(node_rank or 0),
+        num_nodes=int(env.get("GROUP_WORLD_SIZE") or max(1, world_size // max(1, local_world_size))),
+        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
+
+
+def _most(value: str | None) -> int:
+    """PET_NNODES may be "2" or "1:4" (elastic); PET_NPROC_PER_NODE may be "auto" (0: unknown)."""
+    tail = (value or "").rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def init(*, timeout: timedelta) -> Dist:
+    """Pick the device and backend and join the process group.
+
+    `timeout` bounds every collective: a peer that died or hangs fails this process after that long
+    instead of never (NCCL's watchdog with async error handling; gloo's own timeout), and torchrun or the
+    job's restart policy takes over from there.
+    """
+    place = placement(os.environ)
     env = os.environ
-    if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_RANK" not in env and int(env.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError(
-            "WORLD_SIZE is set but this process was not started by torchrun; run "
-            "`torchrun ... -m orchestrator.trainer` (the operator's RANK is a node rank, not a process rank)"
-        )
-    rank, world_size = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-    local_rank = int(env.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", place.local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
+        # A collective that fails or outlives `timeout` tears the process down instead of hanging
+        # (3: without ncclCommAbort, which can itself hang; torch's default since 2.2, spelled out here).
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not env.get("MASTER_ADDR"):  # a plain `python -m orchestrator.trainer`: a group of one
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(_free_port()))
-    restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # The store torch's env:// rendezvous connects to (torchrun's agent store when launched by torchrun)
     # outlives an elastic restart, and the previous attempt's keys (the dead workers' gloo addresses) are
     # still in it: a restarted group reading them fails with "connection refused". Namespace every key
     # by attempt.
     store, _, _ = next(
-        dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.rendezvous("env://", rank=place.rank, world_size=place.world_size, timeout=JOIN_TIMEOUT)
     )
     dist.init_process_group(
         backend,
-        store=dist.PrefixStore(f"orch/attempt-{restart_count}", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=COLLECTIVE_TIMEOUT,
+        store=dist.PrefixStore(f"orch/attempt-{place.restart_count}", store),
+        rank=place.rank,
+        world_size=place.world_size,
+        timeout=timeout,
         device_id=device if backend == "nccl" else None,
     )
-    return Dist(
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
-        node_rank=int(env.get("GROUP_RANK", "0")),
-        restart_count=restart_count,
-        device=device,
-    )
+    return Dist(**vars(place), device=device)
 
 
 def close() -> None:

@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 from collections.abc import Sized
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,17 +46,22 @@ def main(argv: list[str] | None = None) -> None:
     # --- config: train.json and the launcher's ORCH_* environment ------------------------------------
     cfg = runtime_env.load_train_json(Path(parse_args(argv).config).read_text(encoding="utf-8"))
     runtime = runtime_env.RuntimeEnv.from_environ()
-    # The CUDA allocator reads this once, at its first allocation: set it before torch touches the GPU.
+    # The CUDA allocator and cuBLAS read these once, at first use: set them before torch touches the GPU.
     if cfg.cuda_alloc_conf:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", cfg.cuda_alloc_conf)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (CUDA docs)
 
-    from orchestrator.trainer import dist, metrics, report, tracking
+    from orchestrator.trainer import compat, dist, metrics, report, tracking
+
+    torch_version = compat.check_torch()  # one line and exit, before anything else, on a torch too old
 
     # --- process group, reporter, metrics -------------------------------------------------------------
-    world = dist.init()
+    world = dist.init(timeout=timedelta(seconds=cfg.collective_timeout))
     reporter = report.Reporter(
         enabled=world.is_main, lines=runtime.log_lines, events_file=runtime.progress_file
     )
+    reporter.say(f"torch {torch_version}: {world.num_nodes} node(s) x {world.local_world_size} process(es)")
     meter = metrics.build_metrics(
         runtime,
         rank=world.rank,
@@ -106,9 +112,10 @@ def train(
     # --- task, model, optimizer, schedule, precision ----------------------------------------------
     output_dir = Path(runtime.output_dir)
     checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
-    if world.device.type == "cpu":
+    if cfg.deterministic:  # off by default: it costs speed (about 9% on CPU, more with some CUDA kernels)
         torch.use_deterministic_algorithms(True, warn_only=True)
-    precision.set_tf32(cfg.tf32)
+    if world.device.type == "cuda":  # TF32 is a GPU matter; on CPU it would change oneDNN's fp32 matmuls
+        precision.set_tf32(cfg.tf32)
     task = build_task(cfg.task, cfg.task_args)
     module = task.model.to(world.device)
     micro = cfg.micro_batch(world.world_size)
@@ -252,7 +259,7 @@ def train(
         reporter.evaluation(step=step, results=results)
     summary = report.summary(
         job=runtime.job_name, train=cfg, progress=progress, world_size=world.world_size,
-        micro_batch_size=micro, accumulation=layout.accumulation, device=world.device.type,
+        nodes=world.num_nodes, micro_batch_size=micro, accumulation=layout.accumulation, device=world.device.type,
         tokens_per_sample=task.tokens_per_sample, results=results, loss_scale=precision.loss_scale(scaler),
         resumed_from=resumed_from, restarts=world.restart_count, wall_seconds=time.perf_counter() - started,
     )  # fmt: skip

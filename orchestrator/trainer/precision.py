@@ -30,11 +30,30 @@ def loss_scale(scaler: torch.amp.GradScaler) -> float | None:
 
 
 def set_tf32(enabled: bool) -> None:
-    """TF32 for fp32 matmuls and convolutions on GPUs that have it (Ampere+); no effect on CPU.
+    """TF32 for fp32 matmuls and convolutions on GPUs that have it (Ampere+): about 10 bits of mantissa
+    instead of 23, much faster. PyTorch's default since 1.12 is off for matmuls, on for convolutions.
 
-    Off by default in PyTorch since 1.12 for matmuls; about 10 bits of mantissa instead of 23, much faster.
+    The legacy setters, on every supported torch: they exist from before the floor, and from 2.9 on they
+    also set the new `fp32_precision` flags, so both spellings read back the same. Setting only the new
+    flags (2.9+) makes every later read of a legacy flag raise "mix of the legacy and new APIs", and
+    Inductor reads them while compiling (pytorch/pytorch#166387). The trainer calls this on GPUs only: on a
+    CPU, "high" would also let oneDNN use reduced-precision fp32 matmuls.
     """
-    if torch.cuda.is_available():
-        mode = "tf32" if enabled else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]  # not in torch's stubs
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_flags() -> dict[str, str | bool]:
+    """Every TF32 flag as torch reports it (the new 2.9+ ones where they exist): raises if a read does."""
+    flags: dict[str, str | bool] = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+    # The new (2.9+) flags, where this torch has them; reading them must not raise either.
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    if hasattr(matmul, "fp32_precision"):
+        flags["cuda.matmul.fp32_precision"] = matmul.fp32_precision
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        flags["cudnn.conv.fp32_precision"] = conv.fp32_precision
+    return flags

@@ -52,6 +52,7 @@ def job(
             "log_every": 4,
             "eval_every": 0,
             "optimizer": {"name": "sgd", "lr": 0.05},
+            "deterministic": True,  # the tests compare parameters across runs bit for bit
             **train,
         },
     }

@@ -51,3 +51,10 @@ def env_probe(names: list[str]) -> Task:
         values = {name: os.environ.get(name) for name in names}
         Path(os.environ["ORCH_OUTPUT_DIR"], "env.json").write_text(json.dumps(values))
     return synthetic.make(samples=256)
+
+
+def records_pid(**synthetic_args) -> Task:
+    """The synthetic task; each rank first writes its pid to ORCH_OUTPUT_DIR/pid-RANK (for signals in tests)."""
+    Path(os.environ["ORCH_OUTPUT_DIR"]).mkdir(parents=True, exist_ok=True)
+    Path(os.environ["ORCH_OUTPUT_DIR"], f"pid-{os.environ['RANK']}").write_text(str(os.getpid()))
+    return synthetic.make(**synthetic_args)

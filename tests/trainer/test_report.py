@@ -43,7 +43,7 @@ def test_the_window_averages_updated_steps_and_restarts(group):
 
     train = TrainSpec(task="synthetic", batch_size=8, max_steps=20)
     summary = report.summary(
-        job="j", train=train, progress=progress, world_size=2, micro_batch_size=4, accumulation=1,
+        job="j", train=train, progress=progress, world_size=2, nodes=1, micro_batch_size=4, accumulation=1,
         device="cpu", tokens_per_sample=16, results={"loss": 1.5}, loss_scale=None, resumed_from=10,
         restarts=1, wall_seconds=9.0,
     )  # fmt: skip
