@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
 
-.PHONY: install mlflow-server demo test lint bench clean
+.PHONY: install mlflow-server demo test lint bench gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,9 @@ lint: install
 bench: install
 	$(BIN)/pip install --quiet -e '.[bench]'  # Accelerate, the third loop of the comparison
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+gpu-check: install  # one GPU, < 8 min: a table and gpu-check.json (docs/performance.md); --tiny on a CPU
+	$(BIN)/python -m benchmarks.gpu --check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MLFLOW_VENV) build dist *.egg-info .pytest_cache .mypy_cache runs

@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu [--json results.json]      # on a machine with a CUDA GPU
     python -m benchmarks.gpu --tiny                      # a small model, CPU allowed: checks the script
+    python -m benchmarks.gpu --check [--tiny]            # make gpu-check: the whole GPU path (gpu_check.py)
 
 Runs orch's trainer (`torchrun --nproc-per-node 1 -m orchestrator.trainer`) on a GPT-2-medium-sized model
 (24 layers, width 1024, 16 heads, vocabulary 50304, sequence 1024: about 355M parameters), micro-batch 16,
@@ -38,11 +39,20 @@ GPT_TINY = {"inner": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 128, "seq_len":
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the GPU check (make gpu-check): every row of docs/performance.md, gpu-check.json",
+    )
     parser.add_argument("--tiny", action="store_true", help="small model, CPU allowed, no compile")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default 30; tiny 15)")
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.check:
+        from benchmarks import gpu_check
+
+        return gpu_check.main(tiny=args.tiny, json_path=args.json or "gpu-check.json", steps=args.steps)
     steps = args.steps or (15 if args.tiny else 30)
     task_args = GPT_TINY if args.tiny else GPT_350M
     micro = 4 if args.tiny else args.micro_batch

@@ -141,6 +141,8 @@ def _write_report() -> None:
     _STATE["written"] = True
     report = {key: value for key, value in _STATE.items() if key != "cuda_events"}
     events = _STATE["cuda_events"]
+    if torch.cuda.is_available():
+        report["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     if events:
         torch.cuda.synchronize()
         # seconds since the first event, one per micro-step: the GPU's own timeline

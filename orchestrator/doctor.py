@@ -68,6 +68,7 @@ class LocalFacts:
     gpus: GpuFacts
     shm_bytes: int | None
     env: dict[str, str]
+    c_compiler: str | None = None  # what torch.compile would build its kernels with (Triton, Inductor)
 
 
 # --- gathering: the only part that touches the machine ----------------------------------------------
@@ -179,23 +180,32 @@ def shm_size(path: str = "/dev/shm") -> int | None:
     return stats.f_blocks * stats.f_frsize
 
 
+def find_c_compiler() -> str | None:
+    """The compiler Triton would pick ($CC, else gcc, else clang), or cc; None when there is none."""
+    for name in (os.environ.get("CC"), "gcc", "clang", "cc"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
 def gather_local(nvml: Any = None) -> LocalFacts:
     gpus = probe_nvml(nvml)
     if gpus.source is None:
         fallback = probe_nvidia_smi()
         gpus = fallback if fallback.source else GpuFacts(error=f"{gpus.error}; {fallback.error}")
     env = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIXES)}
-    return LocalFacts(platform.python_version(), probe_torch(), gpus, shm_size(), env)
+    return LocalFacts(platform.python_version(), probe_torch(), gpus, shm_size(), env, find_c_compiler())
 
 
-def local_checks() -> list[Check]:
-    return judge_local(gather_local())
+def local_checks(*, compiles: bool = False) -> list[Check]:
+    """`compiles`: the job at hand sets train.compile (then a C compiler is checked for)."""
+    return judge_local(gather_local(), compiles=compiles)
 
 
 # --- judging: pure functions of the facts -------------------------------------------------------------
 
 
-def judge_local(facts: LocalFacts) -> list[Check]:
+def judge_local(facts: LocalFacts, *, compiles: bool = False) -> list[Check]:
     torch = facts.torch
     gpus = facts.gpus
     checks = [_python_check(facts.python_version)]
@@ -215,7 +225,23 @@ def judge_local(facts: LocalFacts) -> list[Check]:
         checks += _cuda_runtime_checks(torch, gpus)
     checks.append(_shm_check(facts.shm_bytes))
     checks.append(_nccl_env_check(facts.env))
+    if compiles:
+        checks.append(_compiler_check(facts.c_compiler))
     return checks
+
+
+def _compiler_check(compiler: str | None) -> Check:
+    """torch.compile builds kernels with a C compiler at the first step (Triton on GPUs, C++ on CPUs);
+    `-runtime` CUDA images have none, and the job would fail there, not at start."""
+    if compiler:
+        return Check("C compiler (train.compile)", OK, compiler)
+    return Check(
+        "C compiler (train.compile)", FAIL,
+        "train.compile: true needs a C compiler (Triton builds its GPU kernels with one); none on PATH "
+        "(CC, gcc, clang, cc)",
+        "add one to the image (`RUN apt-get update && apt-get install -y --no-install-recommends gcc g++`, "
+        "or start FROM a CUDA -devel image), or set train.compile: false",
+    )  # fmt: skip
 
 
 def _python_check(version: str) -> Check:

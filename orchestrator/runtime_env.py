@@ -34,6 +34,7 @@ GPU_SAMPLE_SECONDS = "ORCH_GPU_SAMPLE_SECONDS"
 PEAK_TFLOPS = "ORCH_PEAK_TFLOPS"
 PROGRESS_FILE = "ORCH_PROGRESS_FILE"  # `orch run`: rank 0's JSON events, drawn as a progress bar
 LOG_LINES = "ORCH_LOG_LINES"  # "0": no plain log lines (the progress bar draws instead)
+FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benchmark runs)
 
 # --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
@@ -152,6 +153,8 @@ class RuntimeEnv:
     """Peak dense TFLOP/s of one device for MFU; None: the built-in GPU table decides."""
     progress_file: str | None = None
     log_lines: bool = True
+    final_save: bool = True
+    """False: the run ends without its final checkpoint and model.pt (benchmarks time the training only)."""
     tracking: TrackingSettings = field(default_factory=lambda: TrackingSettings())
     """MLflow and TensorBoard (job.yaml's `tracking:`); nothing in the environment when off."""
 
@@ -192,6 +195,8 @@ class RuntimeEnv:
             env[PROGRESS_FILE] = self.progress_file
         if not self.log_lines:
             env[LOG_LINES] = "0"
+        if not self.final_save:
+            env[FINAL_SAVE] = "0"
         env.update(self.tracking.to_env())
         return env
 
@@ -208,6 +213,7 @@ class RuntimeEnv:
             peak_tflops=_number(env, PEAK_TFLOPS, minimum=1e-9),
             progress_file=env.get(PROGRESS_FILE) or None,
             log_lines=env.get(LOG_LINES, "1") != "0",
+            final_save=env.get(FINAL_SAVE, "1") != "0",
             tracking=TrackingSettings.from_environ(env),
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.commands.common import output_option
+from orchestrator.commands.common import load_job, output_option
 
 
 @click.command()
@@ -74,6 +74,7 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
 
 
 @click.command()
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.option(
     "--cluster",
     "check_cluster",
@@ -88,14 +89,16 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
 )
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False), help="kubeconfig file.")
 @output_option("table", "json")
-def doctor(check_cluster, namespace, kube_context, kubeconfig, output):
+def doctor(job_file, check_cluster, namespace, kube_context, kubeconfig, output):
     """Check this machine (and with --cluster, the cluster) before you spend GPU hours.
 
     Each check prints OK, WARN or FAIL with a one-line fix; the exit code is 1 if any check fails.
+    With JOB_FILE, also what that job needs here (a C compiler when it sets train.compile).
 
     \b
     Example:
       orch doctor
+      orch doctor job.yaml
       orch doctor --cluster -n ml
       orch doctor -o json
     """
@@ -103,7 +106,9 @@ def doctor(check_cluster, namespace, kube_context, kubeconfig, output):
 
     from orchestrator import doctor as doctor_lib
 
-    checks = doctor_lib.local_checks()
+    spec = load_job(job_file, ()) if job_file else None
+    compiles = bool(spec is not None and spec.train is not None and spec.train.compile)
+    checks = doctor_lib.local_checks(compiles=compiles)
     if check_cluster:
         checks += doctor_lib.cluster_checks(namespace=namespace, context=kube_context, kubeconfig=kubeconfig)
     if output == "json":

@@ -81,18 +81,29 @@ class GpuReader(Protocol):
 
 
 class NvmlReader:
-    """Reads one GPU through NVML. Each reading is tried on its own: an unsupported one is left out, not fatal."""
+    """Reads one GPU through NVML. Each reading is tried on its own: an unsupported one is left out, not fatal.
+
+    What an old `pynvml` (shadowing nvidia-ml-py) lacks raises AttributeError: that reading is left out for
+    good, like one the GPU does not support. A MIG instance supports few readings (no utilization or power
+    per instance): the same.
+    """
 
     def __init__(self, pynvml) -> None:  # the module, imported by open_nvml_reader
         self._nvml = pynvml
         self._handles: dict[str, object] = {}
-        self._unsupported: set[tuple[str, str]] = (
-            set()
-        )  # (uuid, reading): NotSupported once is NotSupported forever
+        # (uuid, reading): NotSupported (or missing from this pynvml) once is forever
+        self._unsupported: set[tuple[str, str]] = set()
 
     def _handle(self, device: GpuDevice):
         if device.uuid not in self._handles:
-            self._handles[device.uuid] = self._nvml.nvmlDeviceGetHandleByUUID(device.uuid)
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByUUID(device.uuid)
+            except self._nvml.NVMLError:
+                # torch prints a MIG instance's UUID without its prefix; nvml_uuid() guessed GPU-.
+                if not device.uuid.startswith("GPU-"):
+                    raise
+                handle = self._nvml.nvmlDeviceGetHandleByUUID("MIG-" + device.uuid.removeprefix("GPU-"))
+            self._handles[device.uuid] = handle
         return self._handles[device.uuid]
 
     def _try(self, device: GpuDevice, what: str, call: Callable[[], float | int | None]):
@@ -100,7 +111,11 @@ class NvmlReader:
             return None
         try:
             return call()
-        except self._nvml.NVMLError as error:
+        except AttributeError as error:  # an old pynvml without this function (or constant)
+            log.debug("NVML %s: not in this pynvml (%s); left out", what, error)
+            self._unsupported.add((device.uuid, what))
+            return None
+        except Exception as error:
             if isinstance(error, self._nvml.NVMLError_NotSupported):
                 self._unsupported.add((device.uuid, what))
             else:
@@ -155,17 +170,18 @@ class NvmlReader:
             1024,
         )
         for kind, error_type in (
-            ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            ("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+            ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
         ):
-            count = self._try(
-                device,
-                f"ecc_{kind}",
-                functools.partial(nvml.nvmlDeviceGetTotalEccErrors, h, error_type, nvml.NVML_VOLATILE_ECC),
-            )
+            # Names are looked up inside the call: one this pynvml lacks leaves this reading out only.
+            count = self._try(device, f"ecc_{kind}", functools.partial(self._ecc_errors, h, error_type))
             if count is not None:
                 reading.ecc_errors[kind] = float(count)
         return reading
+
+    def _ecc_errors(self, handle: object, error_type: str) -> int:
+        nvml = self._nvml
+        return nvml.nvmlDeviceGetTotalEccErrors(handle, getattr(nvml, error_type), nvml.NVML_VOLATILE_ECC)
 
     def driver_version(self) -> str:
         try:
@@ -244,18 +260,28 @@ class GpuCollector:
         self._reader, self._devices, self._labels = reader, list(devices), dict(labels)
         self._interval = interval_seconds
         self._latest: list[tuple[GpuDevice, GpuReading]] = []
+        self._failing: dict[str, str] = {}  # uuid -> the error last warned about
         self._driver = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample_once(self) -> None:
-        """Read every GPU once; a GPU whose read fails keeps no sample (its series vanish) until it reads again."""
+        """Read every GPU once; a GPU whose read fails keeps no sample (its series vanish) until it reads again.
+
+        A failing GPU is warned about once (and again only when the error changes), not every period.
+        """
         latest = []
         for device in self._devices:
             try:
                 latest.append((device, self._reader.read(device)))
             except Exception as error:  # a sampler must never take the trainer down
-                log.warning("GPU metrics: reading %s failed: %s", device.uuid, error)
+                message = f"{type(error).__name__}: {error}"
+                if self._failing.get(device.uuid) != message:
+                    log.warning("GPU metrics: reading %s failed: %s", device.uuid, message)
+                self._failing[device.uuid] = message
+            else:
+                if self._failing.pop(device.uuid, None) is not None:
+                    log.info("GPU metrics: reading %s works again", device.uuid)
         self._latest = latest  # one reference swap: collect() sees a whole sample or the previous one
 
     def start(self) -> None:

@@ -130,7 +130,8 @@ def train(
         reshard_after_forward=cfg.fsdp.reshard_after_forward,
     )  # fmt: skip
     model = wrapped.model
-    optimizer = build_optimizer(module, cfg.optimizer, fused=world.device.type == "cuda")
+    fused = world.device.type == "cuda"  # fused AdamW/Adam: one kernel launch for all parameters
+    optimizer = build_optimizer(module, cfg.optimizer, fused=fused)
     memory = parallel.MemoryMeter(module, optimizer, world.device, publish=meter.set_memory)
     scheduler = Scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, max_steps)
     scaler = parallel.grad_scaler(cfg.precision, world.device, cfg.parallel)
@@ -206,6 +207,8 @@ def train(
     reporter.say(
         f"training {cfg.task} for {max_steps} steps: world {world.world_size} x micro-batch {micro} x "
         f"accumulation {layout.accumulation} = batch {cfg.batch_size}, {cfg.precision}, {world.device.type}"
+        + (f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}" if fused and cfg.optimizer.name != "sgd" else "")
+        + (", torch.compile" if cfg.compile else "")
     )
 
     # --- loop -------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ def train(
             save_checkpoint()
 
     # --- the end: final checkpoint, evaluation, summary, model ------------------------------------
-    if resumed_from != max_steps:
+    if resumed_from != max_steps and runtime.final_save:
         save_checkpoint()
     checkpoints.close()  # async: the last write is on disk and in place
     results = run_eval(step)
@@ -265,16 +268,21 @@ def train(
     )  # fmt: skip
     summary["parallel"] = cfg.parallel
     summary["memory"] = memory_over_ranks(memory.report())
-    final_model = checkpoint.full_model_state(module)  # collective under FSDP: gathered to rank 0
+    # collective under FSDP: gathered to rank 0 (benchmark runs write no model: ORCH_FINAL_SAVE=0)
+    final_model = checkpoint.full_model_state(module) if runtime.final_save else None
     if world.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_atomic(output_dir / "model.pt", final_model)
+        if final_model is not None:
+            checkpoint.write_atomic(output_dir / "model.pt", final_model)
         report.write_json(output_dir / "summary.json", summary)
         model_file = [output_dir / "model.pt"] if runtime.tracking.mlflow_log_model else []
         tracker.log_artifacts([output_dir / "summary.json", *model_file])
         reporter.done(summary, summary_file=output_dir / "summary.json")
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()
+
+
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
 
 
 def build_optimizer(module: torch.nn.Module, cfg: OptimizerSpec, *, fused: bool) -> torch.optim.Optimizer:

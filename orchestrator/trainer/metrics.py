@@ -62,17 +62,20 @@ STEP_SECONDS_BUCKETS = (
 )
 
 # Dense (no sparsity) BF16 tensor-core peak TFLOP/s per GPU, from NVIDIA's datasheets; matched in order against
-# torch.cuda.get_device_name(), so more specific names come first. V100 and T4 have no bf16: their FP16 peak.
+# the full torch.cuda.get_device_name() ("NVIDIA H200 NVL"), a key matching whole words only, so more specific
+# names come first. V100 and T4 have no bf16: their FP16 peak.
 # Not listed or a different precision: set `metrics.peak_tflops` in job.yaml (or ORCH_PEAK_TFLOPS for `orch run`).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0),  # per GPU (NVL72: 180 PFLOP/s dense for 72)
+    ("B200", 2250.0),  # HGX B200
     ("GH200", 989.0),
-    ("H200", 989.0),
+    ("H200 NVL", 835.0),  # the PCIe card: lower clocks and power than the SXM part
+    ("H200", 989.0),  # SXM ("NVIDIA H200")
     ("H100 NVL", 835.0),
     ("H100 PCIe", 756.0),
     ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
     ("H800", 989.0),
     ("H20", 148.0),
-    ("B200", 2250.0),
     ("A100", 312.0),
     ("A800", 312.0),
     ("A30", 165.0),
@@ -230,6 +233,7 @@ class PrometheusMetrics(NullMetrics):
         gpu_devices=None,
         sample_gpus: bool,
         gpu_uuid: str | None = None,
+        device_name: str | None = None,
     ) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
@@ -295,6 +299,19 @@ class PrometheusMetrics(NullMetrics):
         self._labels = labels
         if peak_flops:
             gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(peak_flops)
+        else:  # say so, rather than leave the MFU panel empty without a word
+            Gauge(
+                "orch_train_peak_flops_unknown",
+                "1: no peak FLOP/s for this rank's device, so no MFU (set metrics.peak_tflops)",
+                [*names, "device_name"],
+                registry=None,
+                multiprocess_mode="livemostrecent",
+            ).labels(**labels, device_name=device_name or device).set(1)
+            if rank == 0 and self._cuda:  # a CPU has no peak by design: nothing to warn about
+                log.warning(
+                    "MFU off: no peak FLOP/s known for %s; set metrics.peak_tflops in job.yaml",
+                    device_name or device,
+                )
         if self._cuda:
             self._mem_allocated = gauge(
                 "orch_torch_cuda_memory_allocated_bytes", "Tensor memory allocated by torch"
@@ -515,6 +532,7 @@ def build_metrics(
             gpu_devices=gpu_devices,
             sample_gpus=device.startswith("cuda") if sample_gpus is None else sample_gpus,
             gpu_uuid=gpu_uuid,
+            device_name=device_name,
         )
     except Exception as error:  # metrics are optional: train without them rather than not at all
         log.warning("metrics off: %s", error)

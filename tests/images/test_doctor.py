@@ -244,3 +244,33 @@ def test_doctor_table_fails_when_torch_does_not_import() -> None:
     assert "FAIL  torch" in result.stdout
     assert "fix: pip install 'orchestrator[train]'" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("1 failed")  # GPUs only WARN without torch
+
+
+# --- a job that compiles needs a C compiler (Triton builds its kernels with one at the first step) --------
+
+
+def test_a_compiling_job_without_a_c_compiler_fails_with_the_image_fix() -> None:
+    assert "C compiler (train.compile)" not in by_name(doctor.judge_local(facts(c_compiler=None)))
+    check = by_name(doctor.judge_local(facts(c_compiler=None), compiles=True))["C compiler (train.compile)"]
+    assert check.status == FAIL and "Triton" in check.detail
+    assert "apt-get install -y --no-install-recommends gcc" in check.fix and "-devel image" in check.fix
+    ok = by_name(doctor.judge_local(facts(c_compiler="/usr/bin/gcc"), compiles=True))[
+        "C compiler (train.compile)"
+    ]
+    assert (ok.status, ok.detail) == (OK, "/usr/bin/gcc")
+
+
+def test_doctor_with_a_compiling_job_file_on_a_machine_without_a_compiler(tmp_path: Path) -> None:
+    """The real command and the real PATH lookup, on a PATH that holds only the venv (no gcc, clang, cc)."""
+    job = tmp_path / "job.yaml"
+    job.write_text("name: comp\ntrain:\n  task: digits\n  compile: true\n")
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    env["PATH"] = str(Path(ORCH).parent)
+    result = subprocess.run([ORCH, "doctor", str(job), "-o", "json"], capture_output=True, text=True,
+                            timeout=120, env=env)  # fmt: skip
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    assert checks["C compiler (train.compile)"]["status"] == FAIL and result.returncode == 1
+    env["PATH"] = os.environ["PATH"]  # this machine has gcc
+    without = subprocess.run([ORCH, "doctor", str(job), "-o", "json"], capture_output=True, text=True,
+                             timeout=120, env=env)  # fmt: skip
+    assert {c["name"]: c for c in json.loads(without.stdout)}["C compiler (train.compile)"]["status"] == OK

@@ -82,6 +82,9 @@ def test_local_ranks_share_one_endpoint_and_counts_add_up(tmp_path):
             ("0", "parameter"): 1000.0, ("0", "gradient"): 1000.0, ("0", "optimizer"): 2000.0,
             ("1", "parameter"): 2000.0, ("1", "gradient"): 2000.0, ("1", "optimizer"): 4000.0,
         }  # fmt: skip
+        # ... and the metrics say why, per rank
+        unknown = {lab["rank"]: (lab["device_name"], v) for lab, v in series["orch_train_peak_flops_unknown"]}
+        assert unknown == {"0": ("cpu", 1.0), "1": ("cpu", 1.0)}
     finally:
         stop.touch()
     reports = [_finish(p)[0] for p in ranks]
@@ -100,6 +103,7 @@ def test_mfu_with_peak_override(tmp_path):
         # 4e9 FLOPs in a 0.02 s step on a 1 TFLOP/s device
         assert series["orch_train_mfu_ratio"][0][1] == pytest.approx(4e9 / 0.02 / 1e12)
         assert series["orch_train_peak_flops"][0][1] == 1e12
+        assert "orch_train_peak_flops_unknown" not in series
     finally:
         stop.touch()
     _finish(process)

@@ -170,6 +170,7 @@ def test_open_nvml_reader_without_a_driver_returns_none():
     assert reader is None
 
 
+@pytest.mark.gpu
 def test_real_nvml_on_a_gpu_machine():
     """Runs only where a GPU and its driver exist (the device machine); skipped elsewhere."""
     reader = gpu.open_nvml_reader()
@@ -186,3 +187,82 @@ def test_real_nvml_on_a_gpu_machine():
         assert reader.driver_version()
     finally:
         reader.close()
+
+
+class OldPynvml(FakeNvml):
+    """An old `pynvml` shadowing nvidia-ml-py: no clock-event call and no ECC constants (AttributeError)."""
+
+    def __getattribute__(self, name):
+        if name in ("nvmlDeviceGetCurrentClocksEventReasons", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+                    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"):  # fmt: skip
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
+        return super().__getattribute__(name)
+
+
+def test_a_reading_missing_from_an_old_pynvml_is_left_out_not_the_sample():
+    nvml = OldPynvml()
+    reader = gpu.NvmlReader(nvml)
+    device = gpu.GpuDevice(index=0, uuid="GPU-abc")
+    for _ in range(2):
+        r = reader.read(device)
+        assert (r.power_watts, r.energy_joules, r.utilization) == (350.0, 5000.0, 0.93)  # the rest is read
+        assert r.clock_event_reasons is None and r.ecc_errors == {}
+
+
+class MigNvml(FakeNvml):
+    """NVML knows the MIG instance as MIG-<uuid>; per-instance utilization and power are not supported."""
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.calls.append(("handle", uuid))
+        if not uuid.startswith("MIG-"):
+            raise self.NVMLError("Not Found")
+        return f"handle:{uuid}"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        raise self.NVMLError_NotSupported()
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        raise self.NVMLError_NotSupported()
+
+
+def test_a_mig_instance_is_found_and_read_without_warnings(caplog):
+    nvml = MigNvml()
+    device = gpu.GpuDevice(
+        index=0, uuid="GPU-5e1a0c1e-0000-0000-0000-000000000000"
+    )  # torch's UUID, guessed GPU-
+    collector = gpu.GpuCollector(gpu.NvmlReader(nvml), [device], labels=LABELS, interval_seconds=60)
+    with caplog.at_level("DEBUG"):
+        for _ in range(3):
+            collector.sample_once()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    series = _samples(collector)
+    assert series["orch_gpu_memory_used_bytes"][0][1] == 10 * 2**30
+    assert "orch_gpu_utilization_ratio" not in series and "orch_gpu_power_watts" not in series
+    assert nvml.calls.count(("handle", "MIG-5e1a0c1e-0000-0000-0000-000000000000")) == 1
+
+
+def test_a_failing_gpu_is_warned_about_once_not_every_period(caplog):
+    class Broken(FakeGpuReader):
+        error = "GPU fell off the bus"
+
+        def read(self, device):
+            if device.index == 1 and self.error:
+                raise RuntimeError(self.error)
+            return super().read(device)
+
+    reader = Broken()
+    collector = gpu.GpuCollector(reader, FAKE_DEVICES, labels=LABELS, interval_seconds=60)
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            collector.sample_once()
+        reader.error = "another error"
+        collector.sample_once()
+        reader.error = ""
+        collector.sample_once()
+    messages = [r.getMessage() for r in caplog.records if "gpu" in r.name]
+    uuid = FAKE_DEVICES[1].uuid
+    assert messages == [
+        f"GPU metrics: reading {uuid} failed: RuntimeError: GPU fell off the bus",
+        f"GPU metrics: reading {uuid} failed: RuntimeError: another error",
+        f"GPU metrics: reading {uuid} works again",
+    ]

@@ -19,6 +19,7 @@ def test_written_env_reads_back_as_the_same_facts():
         peak_tflops=312.0,
         progress_file="/tmp/p.jsonl",
         log_lines=False,
+        final_save=False,
     )
     assert RuntimeEnv.from_environ(facts.to_env()) == facts
     assert RuntimeEnv.from_environ({}) == RuntimeEnv()  # a bare `python -m orchestrator.trainer`

@@ -138,3 +138,53 @@ def test_one_allreduce_per_optimizer_step(tmp_path, use_no_sync, expected_calls)
     assert [r["calls"] for r in ranks] == [expected_calls, expected_calls]
     if use_no_sync:
         assert ranks[0]["weights"] == ranks[1]["weights"]  # the all-reduced gradient kept ranks in step
+
+
+# --- host syncs and the order of DDP and compile ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision_name", ["fp16", "bf16", "fp32"])
+def test_one_host_sync_per_step(group, monkeypatch, precision_name):
+    """`.item()` is how a step waits for the device: exactly once per optimizer step (the gradient norm).
+    Before, fp16 read the scale before and after scaler.step, and scaler.step read its inf check: 3 more."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = precision.grad_scaler(precision_name, torch.device("cpu"))
+    data = batches(4, 2, poison={2: 1e6})  # step 2 overflows fp16: a skipped step syncs no more than others
+    calls = []
+    original_item = torch.Tensor.item
+
+    def counting_item(self):
+        calls.append(1)
+        return original_item(self)
+
+    per_step = []
+    for _ in range(4):
+        calls.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "item", counting_item)
+            train_step(model, optimizer, scaler, data, accumulation=2, loss_fn=nn.functional.mse_loss,
+                       autocast=precision.autocast(precision_name, torch.device("cpu")), grad_clip=1.0,
+                       device=torch.device("cpu"))  # fmt: skip
+        per_step.append(len(calls))
+    assert per_step == [1, 1, 1, 1]
+    if precision_name == "fp16":
+        assert scaler.get_scale() == 32768.0  # the overflow still halved the scale, without a sync
+
+
+@pytest.mark.parametrize("compile_", [True, False])
+def test_ddp_is_wrapped_first_then_compiled(group, compile_):
+    """PyTorch's documented order: torch.compile(DDP(model)), so all-reduces overlap the backward."""
+    from orchestrator.trainer import parallel
+
+    module = nn.Linear(4, 2)
+    wrapped = parallel.wrap(module, mode="ddp", device=torch.device("cpu"), world_size=1, compile=compile_)
+    model = wrapped.model
+    ddp = model._orig_mod if compile_ else model
+    assert wrapped.ddp is ddp
+    assert type(ddp) is DistributedDataParallel and ddp.module is module
+    assert ddp.gradient_as_bucket_view
+    if compile_:
+        assert type(model).__name__ == "OptimizedModule"
+        with parallel.no_sync(model):  # the step's accumulation reaches DDP through the compiled wrapper
+            assert not ddp.require_backward_grad_sync
