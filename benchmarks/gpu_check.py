@@ -436,16 +436,20 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _scrape(port: int, stop: threading.Event, scraped: list[str]) -> None:
-    """Prometheus' job, every second; keeps the scrapes that had GPU series (or, without any, the last one)."""
-    while not stop.wait(1.0):
+    """Scrape every 0.2 s (a tiny run lasts about a second) and keep the latest of the most complete
+    answers: with GPU series and training steps, over one with fewer (the first ones come before step 1)."""
+
+    def rank(text: str) -> tuple[bool, bool]:
+        return "orch_gpu_" in text, "orch_train_step" in text
+
+    while not stop.wait(0.2):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
                 text = response.read().decode()
         except OSError:
             continue
-        if "orch_" in text and ("orch_gpu_" in text or not any("orch_gpu_" in s for s in scraped)):
-            scraped.append(text)
-            del scraped[:-1]
+        if "orch_" in text and (not scraped or rank(text) >= rank(scraped[-1])):
+            scraped[:] = [text]
 
 
 def nvidia_smi_uuids() -> list[str]:

@@ -38,3 +38,16 @@ def check_torch(version: str | None = None) -> str:
             f"a newer PyTorch (e.g. an NGC PyTorch 24.07 or later image), or `pip install 'torch>={floor}'`"
         )
     return version
+
+
+def require(feature: str, version: tuple[int, int], installed: str | None = None) -> None:
+    """Raise TorchTooOld, naming `feature`, when the installed torch is older than `version`."""
+    if installed is None:
+        import torch
+
+        installed = str(torch.__version__)
+    if version_tuple(installed) < version:
+        raise TorchTooOld(
+            f"{feature} needs torch >= {'.'.join(map(str, version))}; this is torch {installed}: use a newer "
+            "image, or the default train.parallel: ddp"
+        )

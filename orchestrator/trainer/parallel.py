@@ -63,6 +63,9 @@ def default_shard_units(module: nn.Module) -> list[nn.Module]:
     return units
 
 
+FSDP_MIN_TORCH = (2, 6)
+
+
 def wrap(
     module: nn.Module,
     *,
@@ -89,6 +92,9 @@ def wrap(
     if mode != "fsdp":
         raise ValueError(f"train.parallel {mode!r}: expected one of {', '.join(MODES)}")
 
+    from orchestrator.trainer import compat
+
+    compat.require("train.parallel: fsdp (FSDP2's fully_shard in torch.distributed.fsdp)", FSDP_MIN_TORCH)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -160,9 +166,8 @@ def no_sync(model: nn.Module) -> Iterator[None]:
 def full_norm(norm: torch.Tensor) -> torch.Tensor:
     """The norm of the whole gradient as a plain tensor. Over DTensor (sharded) gradients, torch's
     clip_grad_norm_ returns a DTensor of partial sums: this all-reduces it, so every rank has the same."""
-    from torch.distributed.tensor import DTensor
-
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    # Duck-typed, not isinstance(DTensor): torch.distributed.tensor is public from 2.5 only (compat.py).
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 # --- memory: what this rank holds -----------------------------------------------------------------
@@ -170,14 +175,12 @@ def full_norm(norm: torch.Tensor) -> torch.Tensor:
 
 def local_bytes(tensors: Any) -> int:
     """Bytes of the tensors as this rank holds them: the local shard of a DTensor."""
-    from torch.distributed.tensor import DTensor
-
     total, seen = 0, set()
     for tensor in tensors:
         if tensor is None or id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard
         total += local.numel() * local.element_size()
     return total
 

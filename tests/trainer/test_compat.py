@@ -139,3 +139,21 @@ def test_a_single_process_without_torchrun_is_a_group_of_one():
             rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1, restart_count=0
         )  # fmt: skip
     )
+
+
+def test_fsdp_on_a_torch_without_fully_shard_is_one_line():
+    from orchestrator.trainer import parallel
+
+    compat.require("train.parallel: fsdp", parallel.FSDP_MIN_TORCH, installed="2.6.0+cu124")  # fine
+    with pytest.raises(
+        compat.TorchTooOld, match=r"^train.parallel: fsdp needs torch >= 2\.6; this is torch 2\.5\.1"
+    ):
+        compat.require("train.parallel: fsdp", parallel.FSDP_MIN_TORCH, installed="2.5.1")
+
+
+def test_plain_and_compiled_modules_are_not_sharded():
+    """DDP (compiled or not) is not FSDP."""
+    from orchestrator.trainer import parallel
+
+    assert not parallel.is_sharded(nn.Linear(2, 2))
+    assert not parallel.is_sharded(torch.compile(nn.Linear(2, 2)))
