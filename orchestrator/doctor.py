@@ -19,6 +19,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator import naming
+
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 GiB = 1 << 30
@@ -419,7 +421,7 @@ def _text(value: str | bytes) -> str:
 
 MONITORING_GROUP = "monitoring.coreos.com"
 MONITORING_NEEDED = ("podmonitors", "prometheusrules")  # what `orch render` emits
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = naming.GPU_RESOURCE
 
 
 def cluster_checks(

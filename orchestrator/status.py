@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import naming
 from orchestrator.trainer import tracking
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ UNKNOWN = "Unknown"  # the job's status is there but cannot be read (not a list 
 FINISHED = frozenset({"Failed", "Succeeded"})
 INT64_MAX = 2**63 - 1
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = naming.GPU_RESOURCE
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator import status
+from orchestrator import naming, status
 from orchestrator.cluster.apis import all_apis, trainjob
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
 from orchestrator.cluster.resources import JOBSET, KUEUE_GROUP, PODMONITOR
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
+GPU_RESOURCE = naming.GPU_RESOURCE
+GPU_PRODUCT_LABEL = naming.GPU_PRODUCT_LABEL
 
 
 def gather(cluster: Cluster) -> dict[str, Any]:
