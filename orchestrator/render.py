@@ -157,7 +157,7 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "job_labels": {**training_labels, **_kueue_labels(spec)},
         "pod_labels": training_labels,
         "annotations": {**spec.annotations, **tracking_annotation(spec, name, api)},
-        "pod_annotations": {**spec.annotations, **_topology_annotations(spec)},
+        "pod_annotations": {**spec.annotations, **_topology_annotations(spec, name)},
         "nproc_per_node": str(spec.procs_per_node),
         "run_policy": _run_policy(spec),
         "elastic_policy": _elastic_policy(spec),
@@ -223,7 +223,7 @@ def _kueue_labels(spec: JobSpec) -> dict[str, str]:
     return labels
 
 
-def _topology_annotations(spec: JobSpec) -> dict[str, str]:
+def _topology_annotations(spec: JobSpec, name: str) -> dict[str, str]:
     """Kueue topology-aware scheduling, on every pod template. A PyTorchJob with a Master and Workers has
     two PodSets: one podset-group-name makes Kueue place both in one domain of the required level."""
     topology = spec.scheduling.topology
@@ -232,7 +232,7 @@ def _topology_annotations(spec: JobSpec) -> dict[str, str]:
     if topology.required:
         annotations = {naming.ANNOTATION_KUEUE_REQUIRED_TOPOLOGY: topology.required}
         if _master_and_workers(spec):
-            annotations[naming.ANNOTATION_KUEUE_PODSET_GROUP] = spec.name
+            annotations[naming.ANNOTATION_KUEUE_PODSET_GROUP] = name
         return annotations
     return {naming.ANNOTATION_KUEUE_PREFERRED_TOPOLOGY: str(topology.preferred)}
 

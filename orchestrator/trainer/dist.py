@@ -104,13 +104,18 @@ def init(*, timeout: timedelta) -> Dist:
     # The store torch's env:// rendezvous connects to (torchrun's agent store when launched by torchrun)
     # outlives an elastic restart, and the previous attempt's keys (the dead workers' gloo addresses) are
     # still in it: a restarted group reading them fails with "connection refused". Namespace every key
-    # by attempt.
+    # by attempt. The attempt is not TORCHELASTIC_RESTART_COUNT: with several torchrun agents (nodes), an
+    # agent that restarts its workers because another node re-joined does not count that restart, so the
+    # counts differ between nodes and the ranks would wait under different prefixes. Each rank counts its
+    # own joins in the shared store instead (per world size: elastic groups change size); every rank of a
+    # group joins once per attempt, so the counts agree.
     store, _, _ = next(
         dist.rendezvous("env://", rank=place.rank, world_size=place.world_size, timeout=JOIN_TIMEOUT)
     )
+    attempt = store.add(f"orch/joins/world-{place.world_size}/rank-{place.rank}", 1) - 1
     dist.init_process_group(
         backend,
-        store=dist.PrefixStore(f"orch/attempt-{place.restart_count}", store),
+        store=dist.PrefixStore(f"orch/world-{place.world_size}/attempt-{attempt}", store),
         rank=place.rank,
         world_size=place.world_size,
         timeout=timeout,

@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator import naming, render
 from orchestrator.spec import JobSpec
+from tests.spec.test_restart_launch import kill_all
 from tests.spec.test_torchrun_launch import free_port
 from tests.trainer.conftest import REPO, Run, assert_same_params, job, orch_run, write_job
 
@@ -76,6 +77,7 @@ def test_trainjob_pod_command_on_two_nodes_trains_like_orch_run(tmp_path):
         for node in nodes:
             if node.poll() is None:
                 node.kill()
+        kill_all(out)  # torchrun's workers live in their own sessions
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     pods = Run(0, "", "", out)
     assert pods.summary["world_size"] == 2
