@@ -48,16 +48,6 @@ JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
 _resource_versions = itertools.count(1000)
 
-JOBS = "kubeflow.org/v1/pytorchjobs"
-PODMONITORS = "monitoring.coreos.com/v1/podmonitors"
-CONFIGMAPS = "v1/configmaps"
-PODS = "v1/pods"
-EVENTS = "v1/events"
-TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
-TRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
-CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
-JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
-
 
 def now_stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -113,3 +113,14 @@ def tiny_disk(tmp_path):
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
     yield mount
     subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.fixture
+def tf32_state():
+    """Restores torch's process-wide TF32 settings after a test that changes them."""
+    import torch
+
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32 = saved[1]

@@ -42,14 +42,6 @@ def test_torch_floor(version, ok):
             compat.check_torch(version)
 
 
-@pytest.fixture
-def tf32_state():
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32 = saved[1]
-
-
 def test_tf32_flags_read_back_consistently(tf32_state):
     precision.set_tf32(True)
     on = precision.tf32_flags()

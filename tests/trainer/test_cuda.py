@@ -31,14 +31,6 @@ def nccl_group(tmp_path):
     dist.destroy_process_group()
 
 
-@pytest.fixture
-def tf32_state():
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32 = saved[1]
-
-
 def test_tf32_then_compile_reads_every_flag(tf32_state):
     precision.set_tf32(True)
     compiled = torch.compile(lambda a, b: (a @ b).relu())
