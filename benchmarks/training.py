@@ -260,7 +260,7 @@ def _seconds_to_first_step(cmd: list[str], workdir: Path, out_last: bool = False
 
 
 def workload(*, rounds: int, steps: int, accumulation: int = 4) -> dict[str, Any]:
-    """6. The shape users run (#14): bf16, accumulation 4, an MLP, clipping, AdamW, metrics on; DDP and FSDP.
+    """7. The shape users run (#14): bf16, accumulation 4, an MLP, clipping, AdamW, metrics on; DDP and FSDP.
 
     orch's trainer (metrics on) against the bare hand-written loop, each under DDP and under FSDP2, all
     four taking turns as in section 1. FSDP's own cost shows as its rows against the DDP rows: on CPU at
@@ -313,7 +313,7 @@ def workload(*, rounds: int, steps: int, accumulation: int = 4) -> dict[str, Any
         "steps": steps,
         "accumulation": accumulation,
     }
-    print(f"\n== 6. The users' shape: bf16, accumulation {accumulation}, MLP, clip 1.0, AdamW, metrics on "
+    print(f"\n== 7. The users' shape: bf16, accumulation {accumulation}, MLP, clip 1.0, AdamW, metrics on "
           f"({WORLD} processes, CPU/gloo, {steps} steps/run, taking turns; {rounds} rounds)")  # fmt: skip
     rows = [[name, ms(best(name)), ms(best(name, "cpu"))] for name in names]
     print(table(["loop", "best run (wall/step)", "CPU/step"], rows))
