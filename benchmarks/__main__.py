@@ -10,10 +10,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from benchmarks import cli, training
+from benchmarks import cli, data_order, training
 from benchmarks.harness import BenchError
 
-SECTIONS = ("trainer", "accum", "workload", "cli", "startup")
+SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             results["cli"] = cli.latency(repeats=3 if quick else 15)
         if "startup" in sections:
             results["startup"] = training.startup(rounds=1 if quick else 3)
+        if "data" in sections:
+            results["data"] = data_order.order_cost(steps=50 if quick else 200)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -10,6 +10,13 @@ accumulation, so the gradient is the mean over the same B samples whatever the w
 The last partial batch of an epoch (len % B samples) is dropped: padding would repeat samples and weigh
 them twice. A different tail is dropped each epoch because the permutation changes.
 Resuming at step t needs nothing but t: the data position is the step.
+
+The permutation is never materialised: position i of epoch e's order is `Permutation(size, key).at(i)`,
+a seeded bijection of [0, size) computed per index (a Feistel network on the next even power of two,
+cycle-walking past `size`). A step costs O(B) time and memory whatever the dataset's size (10^9 samples
+included: see benchmarks/data_order.py); torch.randperm(size) cost 8 bytes per sample and most of the time
+of the first step. Checkpoints of earlier versions (no `data_order` in train.pt) keep their randperm order
+when they resume (`ORDER_RANDPERM`), so a run in flight sees every sample of its epoch exactly once.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -31,6 +39,9 @@ class Layout:
     micro_batch_size: int
     world_size: int
     seed: int
+    order: str = "feistel/1"
+    """How an epoch's order is computed: ORDER_FEISTEL (this version) or ORDER_RANDPERM (checkpoints of
+    earlier versions, which resume with the order they started with)."""
 
     def __post_init__(self) -> None:
         if self.batch_size % (self.micro_batch_size * self.world_size):
@@ -56,7 +67,9 @@ class Layout:
         """Indices of the B samples of optimizer step `step`."""
         epoch, position = divmod(step, self.steps_per_epoch)
         start = position * self.batch_size
-        return _permutation(self.dataset_size, self.seed, epoch)[start : start + self.batch_size]
+        if self.order == ORDER_RANDPERM:
+            return _randperm(self.dataset_size, self.seed, epoch)[start : start + self.batch_size]
+        return _feistel_batch(self.dataset_size, epoch_key(self.seed, epoch), start, self.batch_size)
 
     def micro_batch(self, step: int, micro_step: int, rank: int) -> list[int]:
         """Indices read by `rank` at micro-step `micro_step` of optimizer step `step`."""
@@ -64,8 +77,68 @@ class Layout:
         return self.global_batch(step)[start : start + self.micro_batch_size].tolist()
 
 
+ORDER_FEISTEL = "feistel/1"
+ORDER_RANDPERM = "randperm"  # orch before the Feistel order: a materialised torch.randperm per epoch
+
+FEISTEL_ROUNDS = 6  # 4 rounds already make a pseudo-random permutation (Luby-Rackoff); 6 for margin
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast, well-spread 64-bit hash (uint64 arithmetic wraps in numpy)."""
+    values = values ^ (values >> np.uint64(30))
+    values = values * np.uint64(0xBF58476D1CE4E5B9)
+    values = values ^ (values >> np.uint64(27))
+    values = values * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
+
+
+def epoch_key(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) & (2**64 - 1)
+
+
+class Permutation:
+    """A seeded bijection of [0, size), evaluated per index in O(1) memory.
+
+    A balanced Feistel network permutes [0, 4^h) (the smallest even power of two >= size); values that
+    land at or past `size` are mapped again until they fall inside (cycle walking), which keeps it a
+    bijection of [0, size). The domain is < 4 x size, so a position takes under 4 rounds of walking on
+    average. Not cryptographic; it only has to look shuffled and be the same on every machine.
+    """
+
+    def __init__(self, size: int, key: int) -> None:
+        if size < 1:
+            raise ValueError("a permutation needs at least one element")
+        self.size = size
+        self.half_bits = max(1, ((size - 1).bit_length() + 1) // 2)
+        self.half_mask = np.uint64((1 << self.half_bits) - 1)
+        spread = (key * 0x9E3779B97F4A7C15) & (2**64 - 1)  # Python ints: no overflow warning
+        self.round_keys = _mix(np.arange(FEISTEL_ROUNDS, dtype=np.uint64) + np.uint64(spread))
+
+    def _encrypt(self, values: np.ndarray) -> np.ndarray:
+        bits = np.uint64(self.half_bits)
+        left, right = values >> bits, values & self.half_mask
+        for round_key in self.round_keys:
+            left, right = right, left ^ (_mix(right ^ round_key) & self.half_mask)
+        return (left << bits) | right
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The permuted values (int64) at `positions` (uint64, each < size)."""
+        values = self._encrypt(positions.astype(np.uint64))
+        outside = values >= np.uint64(self.size)
+        while outside.any():
+            values[outside] = self._encrypt(values[outside])
+            outside = values >= np.uint64(self.size)
+        return values.astype(np.int64)
+
+
+@lru_cache(maxsize=2)  # every micro-step of a step reads the same batch
+def _feistel_batch(size: int, key: int, start: int, count: int) -> torch.Tensor:
+    positions = np.arange(start, start + count, dtype=np.uint64)
+    return torch.from_numpy(Permutation(size, key).at(positions))
+
+
 @lru_cache(maxsize=2)
-def _permutation(size: int, seed: int, epoch: int) -> torch.Tensor:
+def _randperm(size: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 

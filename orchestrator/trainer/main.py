@@ -11,6 +11,7 @@ environment (orchestrator/runtime_env.py, read once here) and the process's plac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from collections.abc import Sized
@@ -158,6 +159,10 @@ def train(
         step = resumed_from = resumed.step
         checkpoints.restore_rng(resumed.state, cfg.seed)
         reporter.say(f"resumed from {resumed.path} at step {step}")
+        # The sample order the run started with goes on (checkpoints before orch's Feistel order had none).
+        layout = dataclasses.replace(layout, order=resumed.state.get("data_order", data.ORDER_RANDPERM))
+        if layout.order != data.ORDER_FEISTEL:
+            reporter.say(f"this run keeps the sample order of the version that started it ({layout.order})")
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
     # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
@@ -180,6 +185,7 @@ def train(
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
             "counters": progress.counters(),
+            "data_order": layout.order,
             "tracking": tracker.state(),  # {"mlflow_run_id": ...} from rank 0, which writes the checkpoint
         }
         checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)

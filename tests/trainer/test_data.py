@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+import tracemalloc
 
-from orchestrator.trainer.data import Layout, MicroBatchSampler
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.trainer.data import (
+    ORDER_FEISTEL,
+    ORDER_RANDPERM,
+    Layout,
+    MicroBatchSampler,
+    Permutation,
+    epoch_key,
+)
 
 
 def step_samples(layout: Layout, step: int) -> list[int]:
@@ -55,3 +66,36 @@ def test_layout_refuses_splits_that_do_not_divide_and_tiny_datasets():
         Layout(dataset_size=100, batch_size=16, micro_batch_size=3, world_size=2, seed=0)
     with pytest.raises(ValueError, match="fewer than one batch"):
         Layout(dataset_size=10, batch_size=16, micro_batch_size=4, world_size=2, seed=0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 17, 64, 100, 1000, 4097, 65_537])
+def test_the_permutation_is_a_bijection_for_every_size(size):
+    order = Permutation(size, epoch_key(seed=5, epoch=2)).at(np.arange(size, dtype=np.uint64))
+    assert sorted(order.tolist()) == list(range(size))
+    if size >= 100:  # shuffled, not the identity or a rotation
+        assert sum(order[i] == i for i in range(size)) < size // 10
+
+
+def test_the_epoch_order_is_computed_per_index_in_bounded_memory():
+    """10^13 samples: torch.randperm would need 80 TB; a step of the Feistel order needs its batch only."""
+    layout = Layout(dataset_size=10**13, batch_size=512, micro_batch_size=64, world_size=4, seed=1)
+    tracemalloc.start()
+    batch = layout.global_batch(step=123_456_789)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2**20
+    assert len(set(batch.tolist())) == 512 and all(0 <= i < 10**13 for i in batch.tolist())
+    assert step_samples(layout, 123_456_789) == batch.tolist()
+
+
+def test_runs_started_before_the_feistel_order_keep_their_randperm_order():
+    """A checkpoint without `data_order` resumes with the order it started with: torch.randperm's."""
+    legacy = Layout(
+        dataset_size=100, batch_size=16, micro_batch_size=4, world_size=2, seed=3, order=ORDER_RANDPERM
+    )
+    expected = torch.randperm(100, generator=torch.Generator().manual_seed(3 * 1_000_003 + 1))
+    assert legacy.global_batch(7).tolist() == expected[16:32].tolist()  # step 7 = epoch 1, batch 1
+    assert (
+        Layout(dataset_size=100, batch_size=16, micro_batch_size=4, world_size=2, seed=3).order
+        == ORDER_FEISTEL
+    )
