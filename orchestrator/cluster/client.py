@@ -1,8 +1,20 @@
 """`Cluster`: one namespace of one cluster; each public method is one API request.
 
 Every request is retried a bounded number of times with exponential backoff on 429, 5xx and connection
-errors (`Retry-After` is honoured). Anything that still fails becomes a `ClusterError` whose message names the
-verb and resource, chained `from` the client's exception. Reads ask for the raw JSON (`_preload_content=False`)
+errors (`Retry-After` is honoured), except a connection refused before the server ever answered this command:
+nothing listens there, and waiting will not change that (it fails at once instead of after ~17 s of retries).
+Anything that still fails becomes a `ClusterError` whose message names the verb and resource, chained `from` the
+client's exception.
+
+A 403 is one of two things: an RBAC refusal (`<resource> is forbidden: User "..." cannot <verb> ...`,
+`Forbidden`), or an admission webhook's denial (`admission webhook "<name>" denied the request: ...`,
+controller-runtime sends `Denied` as 403: pkg/webhook/admission/response.go), which is `AdmissionDenied` and
+says the webhook's own words. A caller may name denials that are transient (`transient_denial`: a webhook that
+reads through a lagging informer cache, see cluster/apis/trainjob.py); those are retried with backoff until the
+deadline.
+
+Creates are sent with `fieldValidation=Strict`: a field the cluster's CRD does not know (an older operator
+version) is an error (`UnknownFields`, naming the fields) instead of being dropped silently. Reads ask for the raw JSON (`_preload_content=False`)
 so every object stays a plain dict, the shape `orch render` prints and `orchestrator.status` reads.
 
 What the server answers is checked at this edge: an answer that is not a JSON object (an HTML login page
@@ -26,6 +38,7 @@ import builtins
 import contextlib
 import json
 import os
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
@@ -33,12 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cluster.errors import (
     RBAC_HINT,
+    AdmissionDenied,
     AlreadyExists,
     ClusterError,
     ClusterUnreachable,
     Forbidden,
     NotFound,
     Unauthorized,
+    UnknownFields,
 )
 from orchestrator.cluster.resources import (
     CONFIGMAP,
@@ -66,6 +81,14 @@ RETRIES_ENV = "ORCH_API_RETRIES"  # retries of one API call on 429/5xx/connectio
 BACKOFF_ENV = "ORCH_API_BACKOFF_SECONDS"  # first retry delay; doubles each time, capped at MAX_BACKOFF
 READ_TIMEOUT_ENV = "ORCH_API_READ_TIMEOUT"  # seconds one attempt waits for an answer before retrying
 MAX_BACKOFF = 30.0
+MAX_DENIAL_BACKOFF = 2.0  # a transient denial lasts as long as an informer cache lags: seconds, not minutes
+
+# The API server's words for a webhook's denial (k8s.io/apiserver/pkg/admission/plugin/webhook/errors).
+ADMISSION_DENIAL = re.compile(
+    r'admission webhook "(?P<webhook>[^"]+)" denied the request: (?P<said>.*)', re.S
+)
+# A strict-decoding failure (fieldValidation=Strict): `... strict decoding error: unknown field "spec.x", ...`.
+UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
 
 
 def poll_seconds() -> float:
@@ -139,6 +162,7 @@ class Cluster:
         self.kubectl_flags = kubectl_flags  # --context/--kubeconfig, for commands orch tells users to run
         self._per_request = False  # inside patiently(): the deadline bounds each request, not all of them
         self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
+        self._answered = False  # whether the server answered any request yet (a refusal then means a restart)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
@@ -246,9 +270,19 @@ class Cluster:
 
     # --- objects
 
-    def create(self, resource: Resource, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+    def create(
+        self,
+        resource: Resource,
+        obj: dict[str, Any],
+        *,
+        dry_run: bool = False,
+        transient_denial: re.Pattern[str] | None = None,
+    ) -> dict[str, Any]:
+        """Create `obj` (fieldValidation=Strict). A webhook denial matching `transient_denial` is retried."""
         name = obj["metadata"]["name"]
-        options = {"dry_run": "All"} if dry_run else {}
+        options: dict[str, Any] = {"field_validation": "Strict", **({"dry_run": "All"} if dry_run else {})}
+        if transient_denial is not None:
+            options["_transient_denial"] = transient_denial
         if resource == CONFIGMAP:
             fn: Callable[..., Any] = self.core.create_namespaced_config_map
             return self._request("create", resource, name, fn, self.namespace, obj, **options)
@@ -367,16 +401,19 @@ class Cluster:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        """`fn(*args)` with bounded retries on 429/5xx/connection errors, within the deadline; failures
-        become ClusterErrors. A `_request_timeout` given by the caller (a followed log) is kept as is."""
+        """`fn(*args)` with bounded retries on 429/5xx/connection errors (and on a transient admission denial,
+        until the deadline), within the deadline; failures become ClusterErrors. A `_request_timeout` given by
+        the caller (a followed log) is kept as is."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
         kwargs.setdefault("_preload_content", False)
         fixed_timeout = kwargs.pop("_request_timeout", None)
+        transient_denial: re.Pattern[str] | None = kwargs.pop("_transient_denial", None)
         deadline = self._call_deadline()
         last_error: Exception | None = None
-        for attempt in range(self.retries + 1):
+        attempt = denials = 0
+        while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise self._expired(verb, resource, name, last_error)
@@ -387,27 +424,41 @@ class Cluster:
             else:
                 timeout = (min(CONNECT_TIMEOUT, remaining), min(self.read_timeout, remaining))
             try:
-                return fn(*args, _request_timeout=timeout, **kwargs)
+                answer = fn(*args, _request_timeout=timeout, **kwargs)
+                self._answered = True
+                return answer
             except ApiException as e:
+                self._answered = True
+                denied = _admission_denial(e)
+                if denied and transient_denial is not None and transient_denial.search(denied[1]):
+                    # the webhook has not seen what it looks up yet: ask again until the deadline
+                    delay = min(self.backoff * 2**denials, MAX_DENIAL_BACKOFF)
+                    denials += 1
+                    if deadline is not None and time.monotonic() + delay >= deadline:
+                        raise self._translate(e, verb, resource, name) from e
+                    time.sleep(delay)
+                    continue
                 if attempt == self.retries or not _retryable(e.status):
                     raise self._translate(e, verb, resource, name) from e
                 last_error, delay = e, _retry_after(e) or self.backoff * 2**attempt
             except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS...
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._expired(verb, resource, name, e) from e
-                if attempt == self.retries:
+                # Refused before the server ever answered: nothing listens at that address. Retrying is for
+                # a server that answered and then went away for a moment (a restart, a load balancer).
+                if attempt == self.retries or (_refused(e) and not self._answered):
+                    tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
                     raise ClusterUnreachable(
                         self._scrub(
-                            f"cannot reach the Kubernetes API at {self.server} after {attempt + 1} attempts: "
-                            f"{_reason(e)}"
+                            f"cannot reach the Kubernetes API at {self.server} after {tries}: {_reason(e)}"
                         )
                     ) from e
                 last_error, delay = e, self.backoff * 2**attempt
+            attempt += 1
             delay = min(delay, MAX_BACKOFF)
             if deadline is not None and time.monotonic() + delay >= deadline:
                 raise self._expired(verb, resource, name, last_error) from last_error
             time.sleep(delay)
-        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _call_deadline(self) -> float | None:
         if self.request_timeout <= 0:
@@ -481,7 +532,20 @@ class Cluster:
                 f"({verb} {what}): {said}. Check the kubeconfig user/token (is it expired?)"
             )
         if e.status == 403:
+            if denied := _admission_denial(e):
+                webhook, words = denied
+                return AdmissionDenied(
+                    self._scrub(
+                        f"the cluster's admission webhook {webhook} refused {verb} {what} {where}: {words}"
+                    )
+                )
             return Forbidden(f"forbidden: you may not {verb} {what} {where} ({said}). {RBAC_HINT}")
+        if e.status in (400, 422) and (fields := UNKNOWN_FIELD.findall(said)) and "strict decoding" in said:
+            listed = ", ".join(fields)
+            return UnknownFields(
+                f"the cluster's {resource.kind} CRD has no field {listed} ({verb} {what} {where}): {said}",
+                fields=tuple(fields),
+            )
         if e.status == 404:
             return NotFound(f"{what} not found {where}")
         if e.status == 409:
@@ -493,6 +557,25 @@ class Cluster:
 
 def _reason(e: Exception) -> str:
     return str(getattr(e, "reason", None) or e)
+
+
+def _admission_denial(e: Any) -> tuple[str, str] | None:
+    """(webhook, its words) when a 403 is an admission webhook's denial rather than an RBAC refusal."""
+    if getattr(e, "status", None) != 403:
+        return None
+    found = ADMISSION_DENIAL.search(_status_message(e))
+    return (found["webhook"], found["said"].strip()) if found else None
+
+
+def _refused(e: Exception) -> bool:
+    """Whether a connection error is "connection refused" (somewhere in its chain of causes)."""
+    seen: BaseException | None = e
+    for _ in range(8):  # MaxRetryError -> NewConnectionError -> ConnectionRefusedError; never a cycle
+        if seen is None or isinstance(seen, ConnectionRefusedError):
+            break
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    return isinstance(seen, ConnectionRefusedError)
 
 
 def _retryable(status_code: int | None) -> bool:

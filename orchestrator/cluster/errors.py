@@ -29,6 +29,18 @@ class Unauthorized(Forbidden):
     """401: the credentials were rejected (whatever the request: no other API will do better)."""
 
 
+class AdmissionDenied(ClusterError):
+    """An admission webhook (the Trainer's, Kueue's, ...) refused the request; its message says why."""
+
+
+class UnknownFields(ClusterError):
+    """The server's schema of the kind has no such field (fieldValidation=Strict): an older CRD version."""
+
+    def __init__(self, message: str, *, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
 class NotFound(ClusterError):
     pass
 

@@ -35,6 +35,7 @@ from orchestrator.cluster.errors import (
     Interrupted,
     NotFound,
     OperatorNotInstalled,
+    UnknownFields,
 )
 from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
 
@@ -197,7 +198,10 @@ def submit(
     def create(obj: dict[str, Any]) -> dict[str, Any]:
         nonlocal in_flight
         in_flight = (kinds[obj["kind"]], obj["metadata"]["name"])
-        created = _create(cluster, in_flight[0], obj, result, dry_run=dry_run, replaced_uid=replaced_uid)
+        created = _create(
+            cluster, in_flight[0], obj, result, dry_run=dry_run, replaced_uid=replaced_uid,
+            api=api if obj is job else None,
+        )  # fmt: skip
         result.created.append(created)
         in_flight = None
         return created
@@ -251,11 +255,19 @@ def _create(
     *,
     dry_run: bool,
     replaced_uid: str | None,
+    api: JobAPI | None = None,
 ) -> dict[str, Any]:
-    """Create `obj`; an "already exists" answer for an object of this very submission is success."""
+    """Create `obj`; an "already exists" answer for an object of this very submission is success. `api`: the
+    job's API when `obj` is the job (its webhooks' transient denials are retried, unknown fields explained)."""
     name = obj["metadata"]["name"]
     try:
-        answer = cluster.create(resource, obj, dry_run=dry_run)
+        transient = api.transient_denial if api is not None else None
+        answer = cluster.create(resource, obj, dry_run=dry_run, transient_denial=transient)
+    except UnknownFields as e:
+        explained = [line for line in map(api.unknown_field, e.fields) if line] if api is not None else []
+        if not explained:
+            raise
+        raise UnknownFields("; ".join(explained), fields=e.fields) from e
     except AlreadyExists as e:
         found = cluster.find(resource, name)
         if found is not None and _annotation(found) == result.id:

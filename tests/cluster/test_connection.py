@@ -79,7 +79,7 @@ def test_unreachable_api_server_is_one_clear_line(env, tmp_path):
     result = env.orch("list", "--kubeconfig", str(kubeconfig))
     assert result.exit_code == 1
     assert result.stderr.startswith(
-        f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port} (context d) after 4 attempts"
+        f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port} (context d) after 1 attempt"
     )
     assert len(result.stderr.strip().splitlines()) == 1
 

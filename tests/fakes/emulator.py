@@ -9,7 +9,12 @@ timeouts, `/version/`, discovery. On top of that it emulates, because nothing he
   or no answer at all, before or after the request took effect (a create stored but answered too late);
 - the kubelet's log endpoint (`follow`, `tailLines`, `sinceSeconds`, `timestamps`, container restarts, a
   stream that breaks off);
-- the garbage collector: deleting an object deletes the objects whose ownerReferences name its uid.
+- the garbage collector: deleting an object deletes the objects whose ownerReferences name its uid;
+- RBAC (`role`): a request the Role does not grant is refused 403 the way the API server's authorizer words it;
+- field validation against the CRD schemas it is given (`crds`): `fieldValidation=Strict` refuses an unknown
+  field with the API server's strict-decoding error, the default (Warn) drops it with a Warning header;
+- admission webhooks (`webhooks`), called on create after the above, e.g. `runtime_webhook`: the Trainer's and
+  Kueue's TrainJob webhooks, which look the runtime up in a lagging informer cache.
 It touches kmock internals, hence the pin kmock==0.8 in pyproject.toml. `serve()` runs it on its own thread
 and yields a `tests.fakes.kube.Kube`, the test's handle on it.
 """
@@ -24,7 +29,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +50,7 @@ TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 TRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 
 _resource_versions = itertools.count(1000)
 
@@ -98,10 +104,99 @@ class ContainerLog:
     broken: bool = False  # the next write to a followed stream drops the connection instead
 
 
+# An admission webhook: (emulator, the create's request) -> None to allow, or the denial's message.
+Webhook = Callable[["RealisticK8s", Any], "str | None"]
+
+
+def rbac_attributes(request: Any) -> tuple[str, str, str] | None:
+    """The (apiGroup, resource, verb) the API server's authorizer checks for a request; None for discovery
+    and the non-resource URLs every authenticated user may read (ClusterRole system:discovery)."""
+    path = request.url.path.rstrip("/")
+    match = re.fullmatch(
+        r"/api/v1/(?:namespaces/[^/]+/)?([^/]+)(?:/([^/]+))?(?:/([^/]+))?", path
+    ) or re.fullmatch(r"/apis/([^/]+)/[^/]+/(?:namespaces/[^/]+/)?([^/]+)(?:/([^/]+))?(?:/([^/]+))?", path)
+    if match is None:
+        assert re.fullmatch(r"/api(/v1)?|/apis(/[^/]+){0,2}|/version", path), f"unexpected call {path}"
+        return None
+    if path.startswith("/api/"):
+        group, (resource, name, sub) = "", match.groups()
+    else:
+        group, resource, name, sub = match.groups()
+    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(request.method.value)
+    if verb is None:
+        verb = "get" if name else ("watch" if request.params.get("watch") == "true" else "list")
+    return group, f"{resource}/{sub}" if sub else resource, verb
+
+
+def unknown_fields(schema: Any, value: Any, path: str, *, prune: bool) -> list[str]:
+    """The paths of `value`'s fields that the structural schema does not declare, as the API server names
+    them in a strict-decoding error (`spec.foo`, `spec.list[0].bar`); with `prune`, also removes them (what
+    it does under the default fieldValidation, apiextensions-apiserver's pruning)."""
+    if not isinstance(schema, dict):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key in list(value):
+            here = f"{path}.{key}" if path else key
+            if props is not None and key in props:
+                found += unknown_fields(props[key], value[key], here, prune=prune)
+            elif isinstance(extra, dict):
+                found += unknown_fields(extra, value[key], here, prune=prune)
+            elif schema.get("x-kubernetes-embedded-resource") and key in ("apiVersion", "kind", "metadata"):
+                continue
+            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                found.append(here)
+                if prune:
+                    del value[key]
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += unknown_fields(schema["items"], item, f"{path}[{index}]", prune=prune)
+    return found
+
+
+def runtime_webhook(*, lag: float = 0.0, kueue: bool = False) -> Webhook:
+    """The validating webhook of Trainer v2 (or, with `kueue`, Kueue's) for a TrainJob's create: the runtime it
+    names must exist, as seen through the manager's informer cache, which learns of an object `lag` seconds
+    after its create (cmd/trainer-controller-manager/main.go reads through mgr.GetClient()). The words are the
+    webhook's (Trainer: pkg/runtime/core/trainingruntime.go and clustertrainingruntime.go ValidateObjects;
+    Kueue: pkg/controller/jobs/trainjob/trainjob_controller.go getChildJobSet), wrapped the way the API server
+    reports a denial (controller-runtime's Denied is a 403)."""
+
+    def review(emulator: RealisticK8s, request: Any) -> str | None:
+        if request.resource != kmock.resource(TRAINJOBS):
+            return None
+        ref = (request.data.get("spec") or {}).get("runtimeRef") or {}
+        cluster_scoped = ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime"
+        resource = CLUSTERTRAININGRUNTIMES if cluster_scoped else TRAININGRUNTIMES
+        key = (kmock.resource(resource), None if cluster_scoped else request.namespace, ref.get("name"))
+        stored = key in emulator.objects and not emulator.objects[key].deleted
+        if stored and time.monotonic() - emulator.stored_at.get(key, 0.0) >= lag:
+            return None
+        plural = resource.split("/")[-1]
+        if kueue:
+            webhook, said = "vtrainjob.kb.io", f"runtime '{ref.get('name')}' not found"
+        else:
+            kind = "clusterTrainingRuntime" if cluster_scoped else "trainingRuntime"
+            webhook = "validator.trainjob.trainer.kubeflow.org"
+            said = (
+                f'spec.runtimeRef: Invalid value: {ref}: {plural}.trainer.kubeflow.org "{ref.get("name")}" '
+                f"not found: specified {kind} must be created before the TrainJob is created"
+            )
+        return f'admission webhook "{webhook}" denied the request: {said}'
+
+    return review
+
+
 class RealisticK8s(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.fallback["get /version/"] << self._serve_server_version
+        self.role: set[tuple[str, str, str]] | None = None  # None: the user may do anything
+        self.schemas: dict[Any, dict[str, Any]] = {}  # kmock resource -> its CRD's openAPIV3Schema
+        self.webhooks: list[Webhook] = []
+        self.stored_at: dict[tuple[Any, str | None, str], float] = {}  # when each object was created
         self.faults: list[Fault] = []
         self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (ns, pod) -> one per container instance
         self.released = asyncio.Event()  # set when the server stops: hung requests end
@@ -134,6 +229,57 @@ class RealisticK8s(kmock.KubernetesEmulator):
 
     async def _serve(self, request):  # type: ignore[no-untyped-def]
         """What the API server does with a request (no faults)."""
+        attributes = rbac_attributes(request) if self.role is not None else None
+        if attributes is not None and self.role is not None and attributes not in self.role:
+            return await self._render_error(self._rbac_refusal(request, *attributes))
+        warnings: list[str] = []
+        schema = self.schemas.get(request.resource) if request.resource is not None else None
+        if schema is not None and isinstance(request.data, dict) and request.action in (
+            enums.action.CREATE, enums.action.UPDATE
+        ):  # fmt: skip
+            strict = request.params.get("fieldValidation") == "Strict"
+            unknown = unknown_fields(schema, request.data, "", prune=not strict)
+            if unknown and strict:
+                kind = (self.resources.get(request.resource) or kmock.ResourceInfo()).kind
+                version = request.resource.version
+                listed = ", ".join(f'unknown field "{f}"' for f in unknown)
+                message = f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: {listed}'
+                return await self._render_error(
+                    k8s.KubernetesError(status=400, reason="BadRequest", message=message)
+                )
+            warnings = [f'299 - "unknown field \\"{f}\\""' for f in unknown]
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            for webhook in self.webhooks:
+                if (denial := webhook(self, request)) is not None:
+                    return await self._render_error(
+                        k8s.KubernetesError(status=403, reason="Forbidden", message=denial)
+                    )
+        response = await self._serve_admitted(request)
+        for warning in warnings:
+            response.headers.add("Warning", warning)
+        if (
+            request.action == enums.action.CREATE
+            and response.status < 300
+            and request.params.get("dryRun") != "All"
+        ):
+            meta = request.data.get("metadata") or {} if isinstance(request.data, dict) else {}
+            self.stored_at[(request.resource, request.namespace, meta.get("name"))] = time.monotonic()
+        return response
+
+    def _rbac_refusal(self, request: Any, group: str, resource: str, verb: str) -> k8s.KubernetesError:
+        """The authorizer's words (k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go)."""
+        plural = resource.partition("/")[0]
+        qualified = f"{plural}.{group}" if group else plural
+        subject = f'{qualified} "{request.name}"' if request.name else qualified
+        scope = f'in the namespace "{request.namespace}"' if request.namespace else "at the cluster scope"
+        message = (
+            f'{subject} is forbidden: User "tester" cannot {verb} resource "{resource}" in API group '
+            f'"{group}" {scope}'
+        )
+        return k8s.KubernetesError(status=403, reason="Forbidden", message=message)
+
+    async def _serve_admitted(self, request):  # type: ignore[no-untyped-def]
+        """What the API server does with a request that was authorized and admitted."""
         if request.url.path == "/apis/":  # the group list, as the Python client asks for it (trailing slash)
             return kmock_json(await self._serve_apis(request), status=200)
         if discovery := re.fullmatch(r"/api/(v1)/?|/apis/([^/]+)/([^/]+)/", request.url.path):

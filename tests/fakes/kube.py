@@ -10,11 +10,13 @@ import uuid
 from typing import Any
 
 from tests.fakes.emulator import (
+    CRDS,
     JOBS,
     PODS,
     ContainerLog,
     Fault,
     RealisticK8s,
+    Webhook,
     kmock,
     now_stamp,
     reason_phrase,
@@ -70,6 +72,31 @@ class Kube:
 
     def delete(self, resource: str, namespace: str, name: str) -> None:
         self._on_loop(lambda: self.emulator.objects[resource, namespace, name].delete())
+
+    # --- what the API server enforces
+
+    def enforce_role(self, rules: set[tuple[str, str, str]] | None) -> None:
+        """From now on only these (apiGroup, resource, verb) are granted (None: everything)."""
+        self._on_loop(setattr, self.emulator, "role", rules)
+
+    def add_webhook(self, webhook: Webhook) -> None:
+        """An admission webhook for every create from now on (see emulator.runtime_webhook)."""
+        self._on_loop(self.emulator.webhooks.append, webhook)
+
+    def serve_crd(self, resource: str, crd: dict[str, Any]) -> None:
+        """Validate `resource`'s objects against this CRD's schema (its version of `resource`), and serve the
+        CRD object itself (apiextensions.k8s.io/v1), as a cluster with that release installed does."""
+        version = resource.split("/")[-2]
+        served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+
+        def install():  # type: ignore[no-untyped-def]
+            self.emulator.schemas[kmock.resource(resource)] = served["schema"]["openAPIV3Schema"]
+            self.emulator.resources[CRDS] = kmock.ResourceInfo(
+                kind="CustomResourceDefinition", namespaced=False, verbs={"get", "list"}
+            )
+            self.emulator.objects[CRDS, None, crd["metadata"]["name"]] = crd
+
+        self._on_loop(install)
 
     # --- requests and faults
     def requests(self, method: str | None = None, path: str | None = None) -> list[Any]:

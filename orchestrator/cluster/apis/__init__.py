@@ -8,6 +8,7 @@ Kubeflow Trainer v2). The methods are pure functions of the objects the cluster 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 from orchestrator.cluster.resources import Resource
@@ -19,9 +20,16 @@ class JobAPI(Protocol):
     owned: tuple[Resource, ...]  # other kinds a submit of this API may create, owned by the job
     before: tuple[Resource, ...]  # of those, the ones the job refers to: created first, owned once it exists
     restarts_whole_job: bool  # whether `restarts` counts restarts of every pod together (else of one pod)
+    # an admission denial of the job's create that passes once the webhook's cache has caught up (retried)
+    transient_denial: re.Pattern[str] | None
     container: str  # the training container: its log is the job's log, its exit code decides the job
     operator: str  # what serves it, in words: "Kubeflow training operator"
     install: str  # one line: how a cluster admin installs it (and where its docs are)
+
+    def unknown_field(self, field: str) -> str | None:
+        """One line for a field of the job that the cluster's CRD lacks (an older release): which release
+        has it and what to do; None when orch knows nothing better than the server's words."""
+        ...
 
     def pod_selector(self, name: str) -> str:
         """Label selector of the job's pods, with the labels its controller puts on them."""

@@ -7,6 +7,7 @@ is the highest-precedence condition whose status is "True" (see `PHASE_PRECEDENC
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from orchestrator import naming, status
@@ -26,9 +27,13 @@ class PyTorchJobAPI:
     owned: tuple[Resource, ...] = (CONFIGMAP, PODMONITOR)
     before: tuple[Resource, ...] = ()
     restarts_whole_job = False
+    transient_denial: re.Pattern[str] | None = None
     container = naming.CONTAINER_NAME  # the operator requires this name
     operator = "Kubeflow training operator"
     install = f"{INSTALL} (see {DOCS})"
+
+    def unknown_field(self, field: str) -> str | None:
+        return None  # every field orch writes is in the v1.9 CRD
 
     def pod_selector(self, name: str) -> str:
         return f"{naming.LABEL_OPERATOR_JOB_NAME}={name}"

@@ -17,6 +17,7 @@ pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from orchestrator import status
@@ -40,6 +41,34 @@ LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TRAINER_NODE = "node"  # the replicated job and container the trainer's torch plugin configures
 
+# The webhooks look the runtime up in the manager's informer cache, which lags its create by up to seconds:
+# Trainer (pkg/runtime/core/trainingruntime.go ValidateObjects: "specified trainingRuntime must be created before
+# the TrainJob is created") and Kueue (pkg/controller/jobs/trainjob/trainjob_controller.go getChildJobSet:
+# "runtime '%s' not found"). orch creates the runtime a moment before the TrainJob, so these are retried.
+RUNTIME_NOT_SEEN_YET = re.compile(r"must be created before the TrainJob is created|runtime '[^']*' not found")
+
+# TrainJob fields by the Trainer release that added them (pkg/apis/trainer/v1alpha1/trainjob_types.go at
+# v2.1.0/v2.2.0/v2.3.0), for a strict create refused by an older CRD: (pattern, version, what orch set it from
+# and what to do).
+FIELDS_SINCE = (
+    (
+        re.compile(r"spec\.activeDeadlineSeconds"),
+        "v2.2",
+        "job.yaml's deadline: remove deadline",
+    ),
+    (
+        re.compile(r"spec\.runtimePatches.*\.terminationGracePeriodSeconds"),
+        "v2.3",
+        "the pods' termination grace period with runtime: NAME: remove it from pod_overrides, or drop runtime:",
+    ),
+    (
+        re.compile(r"spec\.runtimePatches"),
+        "v2.2",
+        "runtime: NAME (v2.1 has podTemplateOverrides, which orch does not write): drop runtime: so orch "
+        "renders its own TrainingRuntime",
+    ),
+)
+
 # Highest first; "Succeeded" is orch's word for the API's "Complete" (one vocabulary for every API).
 PHASE_PRECEDENCE = ("Failed", "Complete", "Suspended")
 ORCH_PHASE = {"Complete": "Succeeded"}
@@ -53,9 +82,20 @@ class TrainJobAPI:
     # ValidateObjects: "specified trainingRuntime must be created before the TrainJob is created").
     before: tuple[Resource, ...] = (TRAINING_RUNTIME,)
     restarts_whole_job = True
+    transient_denial: re.Pattern[str] | None = RUNTIME_NOT_SEEN_YET
     container = TRAINER_NODE
     operator = "Kubeflow Trainer v2"
     install = f"{INSTALL} (see {DOCS})"
+
+    def unknown_field(self, field: str) -> str | None:
+        """Why the cluster's TrainJob CRD lacks `field` (a strict create named it) and what to do."""
+        for pattern, version, remedy in FIELDS_SINCE:
+            if pattern.fullmatch(field) or pattern.match(field):
+                return (
+                    f"this cluster's Trainer has no TrainJob field {field}: it came with Trainer {version}; "
+                    f"orch set it from {remedy}, or ask a cluster admin to upgrade Trainer to {version} or later"
+                )
+        return None
 
     def pod_selector(self, name: str) -> str:
         return f"{LABEL_JOBSET_NAME}={name},{LABEL_REPLICATED_JOB}={TRAINER_NODE}"
