@@ -308,13 +308,13 @@ class Cluster:
         self, resource: Resource, *, selector: str | None = None, all_namespaces: bool = False
     ) -> list[dict[str, Any]]:
         options = {"label_selector": selector} if selector else {}
-        if resource == POD:
-            answer = self._request(
-                "list", resource, None, self.core.list_namespaced_pod, self.namespace, **options
-            )
+        fn: Callable[..., Any]
+        if resource in (POD, CONFIGMAP):
+            fn = self.core.list_namespaced_pod if resource == POD else self.core.list_namespaced_config_map
+            answer = self._request("list", resource, None, fn, self.namespace, **options)
         elif resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
-            fn: Callable[..., Any] = self.core.list_namespaced_event
+            fn = self.core.list_namespaced_event
             answer = self._request("list", resource, None, fn, self.namespace, field_selector="type=Warning")
         elif all_namespaces:
             fn = self.custom.list_cluster_custom_object

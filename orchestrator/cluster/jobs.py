@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import naming, status
@@ -20,6 +20,8 @@ class Job:
 
     api: JobAPI
     obj: dict[str, Any]
+    companions: list[str] = field(default_factory=list)  # what `delete_job` deleted beside it (kubectl refs)
+    unchecked: list[str] = field(default_factory=list)  # kinds `delete_job` could not look through (why)
 
     @property
     def name(self) -> str:
@@ -132,14 +134,57 @@ def wait_for(
 
 
 def delete_job(cluster: Cluster, name: str, *, wait: bool = False, timeout: float = 600) -> Job:
-    """Delete the job; its pods and the objects submitted with it go too (ownerReferences).
+    """Delete the job; its pods and the objects submitted with it go too: those `orch submit` created through
+    their ownerReferences (the garbage collector), those `orch render | kubectl apply` created (no
+    ownerReferences) by their `orch.dev/job` label, here.
 
     With `wait`, deletion is Foreground (the job disappears only after its pods did) and this returns once
     it is gone, so a new job of the same name cannot meet the old pods.
     """
     job = locate(cluster, name)
     delete(cluster, job.api, name, wait=wait, timeout=timeout)
+    delete_companions(cluster, job)
     return job
+
+
+def delete_companions(cluster: Cluster, job: Job) -> None:
+    """Delete the objects rendered with `job` that nothing else deletes: of the kinds its API renders beside
+    it, those with the job's label (and orch's managed-by label) and the same `orch.dev/submission`
+    annotation as the job (both absent after `kubectl apply`), that no ownerReference ties to the job (the
+    garbage collector takes those). Another job's objects carry another label; a kind the cluster does not
+    serve has none. Their kubectl refs go to `job.companions`; a kind the user may not list (a Role older than
+    manifests/rbac.yaml's) to `job.unchecked`: the job itself is deleted by then, and what `orch submit`
+    created goes with it anyway."""
+    selector = f"{naming.job_selector(job.name)},{naming.MANAGED_SELECTOR}"
+    submission = _submission(job.obj)
+    uid = status.dig(job.obj, "metadata", "uid")
+    for resource in job.api.owned:
+        try:
+            found = cluster.list(resource, selector=selector)
+        except NotFound:  # not served (no Prometheus operator)
+            continue
+        except Unauthorized:
+            raise
+        except Forbidden as e:
+            job.unchecked.append(f"{resource}: {e}")
+            continue
+        for obj in found:
+            owners = status.objects(status.dig(obj, "metadata", "ownerReferences"))
+            if _submission(obj) != submission or any(o.get("uid") == uid for o in owners):
+                continue
+            name = status.text(status.dig(obj, "metadata", "name"))
+            try:
+                cluster.delete(resource, name)
+            except NotFound:
+                continue  # gone meanwhile
+            job.companions.append(
+                f"{resource.kind.lower()}{'.' + resource.group if resource.group else ''}/{name}"
+            )
+
+
+def _submission(obj: dict[str, Any]) -> str | None:
+    value = status.dig(obj, "metadata", "annotations", naming.ANNOTATION_SUBMISSION)
+    return value if isinstance(value, str) else None
 
 
 def delete(cluster: Cluster, api: JobAPI, name: str, *, wait: bool = False, timeout: float = 600) -> None:

@@ -385,7 +385,7 @@ def wait(
 def delete(
     name: str, kubeconfig: str | None, context: str | None, namespace: str | None, wait_: bool, timeout: int
 ) -> None:
-    """Delete a job; its pods, ConfigMap and PodMonitor are deleted with it.
+    """Delete a job; its pods, ConfigMap, PodMonitor (and TrainingRuntime) are deleted with it.
 
     \b
     Example:
@@ -394,7 +394,10 @@ def delete(
     from orchestrator import cluster
 
     job = cluster.delete_job(_connect(kubeconfig, context, namespace), name, wait=wait_, timeout=timeout)
-    click.echo(f"{job.ref} deleted")
+    for deleted in (job.ref, *job.companions):
+        click.echo(f"{deleted} deleted")
+    for unchecked in job.unchecked:
+        _warn(f"objects applied with the job but not owned by it were not looked for: {unchecked}")
 
 
 # --- shared by submit/wait ---------------------------------------------------------------------------------

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-import re
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestrator import cluster
-from tests.cluster.test_trainjob import submit as submit_trainjob
+from tests.conftest import require_tool
 from tests.fakes.cli import FAST, Env, write_kubeconfig
-from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS, TRAININGRUNTIMES, TRAINJOBS, serve
+from tests.fakes.emulator import (
+    CONFIGMAPS,
+    JOBS,
+    PODMONITORS,
+    TRAININGRUNTIMES,
+    TRAINJOBS,
+    rbac_attributes,
+    serve,
+)
 from tests.fakes.trainer import TrainerV2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,87 +40,92 @@ def rbac_rules() -> set[tuple[str, str, str]]:
     }
 
 
-def rbac_attributes(request) -> tuple[str, str, str] | None:
-    """The (apiGroup, resource, verb) the API server's authorizer checks for a request; None for discovery."""
-    path = request.url.path.rstrip("/")
-    match = re.fullmatch(r"/api/v1/namespaces/[^/]+/([^/]+)(?:/([^/]+))?(?:/([^/]+))?", path) or re.fullmatch(
-        r"/apis/([^/]+)/[^/]+/namespaces/[^/]+/([^/]+)(?:/([^/]+))?(?:/([^/]+))?", path
-    )
-    if match is None:
-        assert re.fullmatch(r"/api(/v1)?|/apis(/[^/]+){0,2}|/version", path), f"unexpected call {path}"
-        return None
-    if path.startswith("/api/"):
-        group, (resource, name, sub) = "", match.groups()
-    else:
-        group, resource, name, sub = match.groups()
-    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(request.method.value)
-    if verb is None:
-        verb = "get" if name else ("watch" if request.params.get("watch") == "true" else "list")
-    return group, f"{resource}/{sub}" if sub else resource, verb
-
-
 @pytest.fixture
 def both(tmp_path):
-    """A cluster that serves both job APIs."""
+    """A cluster that serves both job APIs, to a user bound to manifests/rbac.yaml's Role (and nothing else:
+    the emulator refuses every other call with the authorizer's 403)."""
     with serve(operator=True, trainer=True) as kube:
+        kube.enforce_role(rbac_rules())
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, contexts={"dev": NS}, current="dev")
         yield Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
 
 
-def test_the_role_covers_every_call_and_only_those(both, job_file):
-    env = both
+def ok(user: Env, *args: str, code: int = 0, env: dict[str, str] | None = None) -> None:
+    result = user.orch(*args, env=env)
+    assert result.exit_code == code, (args, result.output)
+    assert "forbidden" not in result.output, (args, result.output)
+
+
+def pytorchjob_life(env: Env, job_file: Path) -> None:
     kube = env.kube
-    # A whole life of each API: submit, status, list, logs, wait, replace, delete, a submit that rolls back.
-    assert env.orch("submit", str(job_file)).exit_code == 0
+    job = ("--api", "pytorchjob")
+    ok(env, "submit", str(job_file), *job, "--dry-run", "server")
+    ok(env, "submit", str(job_file), *job)
     kube.set_conditions(NS, "demo", ("Created", "True"), ("Running", "True"))
     master = kube.add_pod(NS, "demo", "master", 0)
     kube.write_log(NS, master, "hello")
-    assert env.orch("status", "demo").exit_code == 0
-    assert env.orch("list").exit_code == 0
-    assert env.orch("logs", "demo").exit_code == 0
+    for args in (("status", "demo"), ("list",), ("logs", "demo"), ("logs", "demo", "--rank", "0")):
+        ok(env, *args)
     kube.end_log(NS, master)
     kube.set_conditions(NS, "demo", ("Succeeded", "True"))
-    assert env.orch("logs", "demo", "-f").exit_code == 0
-    assert env.orch("wait", "demo").exit_code == 0
-    assert env.orch("submit", str(job_file), "--replace").exit_code == 0
-    assert env.orch("delete", "demo", "--wait").exit_code == 0
+    ok(env, "logs", "demo", "-f")
+    ok(env, "wait", "demo")
+    ok(env, "submit", str(job_file), *job, "--replace", "--dry-run", "server")
+    ok(env, "submit", str(job_file), *job, "--replace")
+    ok(env, "delete", "demo", "--wait")
+    ok(env, "submit", str(job_file), *job)
+    ok(env, "delete", "demo")
     kube.fail(
-        "post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", 500, times=4
+        "post", f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors", 500, times=4
     )  # 1 + 3 retries
-    assert env.orch("submit", str(job_file)).exit_code == 1
+    ok(env, "submit", str(job_file), *job, code=1)
     assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == []
     # creates whose answers never come: the ConfigMap's retry meets it (get), the PodMonitor is rolled back
     kube.clear_faults()
-    kube.hang("post", "/api/v1/namespaces/team-a/configmaps", after=True)
-    kube.hang("post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", after=True)
-    kube.hang(
-        "post", "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors", times=100
-    )  # its retries
+    kube.hang("post", f"/api/v1/namespaces/{NS}/configmaps", after=True)
+    kube.hang("post", f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors", after=True)
+    kube.hang("post", f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors", times=100)  # its retries
     slow = {"ORCH_API_READ_TIMEOUT": "2"}  # the PodMonitor: 1 + ORCH_API_RETRIES attempts, then rolled back
-    assert env.orch("submit", str(job_file), env=slow).exit_code == 1
+    ok(env, "submit", str(job_file), *job, env=slow, code=1)
     assert kube.names(JOBS) == [] and kube.names(CONFIGMAPS) == [] and kube.names(PODMONITORS) == []
     kube.clear_faults()
 
-    submit_trainjob(env, job_file)
+
+def trainjob_life(env: Env, job_file: Path) -> None:
+    kube = env.kube
+    job = ("--api", "trainjob")
+    ok(env, "submit", str(job_file), *job, "--dry-run", "server")
+    ok(env, "submit", str(job_file), *job)
     trainer = TrainerV2(kube, NS, "demo")
     (node,) = trainer.start()[:1]
     kube.write_log(NS, node, "hello")
-    for args in (("status", "demo"), ("list",), ("logs", "demo")):
-        assert env.orch(*args).exit_code == 0, args
+    for args in (("status", "demo"), ("list",), ("logs", "demo"), ("logs", "demo", "--rank", "0")):
+        ok(env, *args)
     trainer.finish()
-    assert env.orch("logs", "demo", "-f").exit_code == 0
-    assert env.orch("wait", "demo").exit_code == 0
-    assert env.orch("delete", "demo", "--wait").exit_code == 0
-    kube.fail("post", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs", 500, times=10)
-    with pytest.raises(
-        cluster.ClusterError, match="rolled back: deleted trainingruntime.trainer.kubeflow.org/demo"
-    ):
-        submit_trainjob(env, job_file)
+    ok(env, "logs", "demo", "-f")
+    ok(env, "wait", "demo")
+    ok(env, "submit", str(job_file), *job, "--replace", "--dry-run", "server")
+    # deletes the old TrainJob, waits for it and for its TrainingRuntime (get), creates the new ones
+    ok(env, "submit", str(job_file), *job, "--replace")
+    ok(env, "delete", "demo", "--wait")
     assert kube.names(TRAINJOBS) == [] and kube.names(TRAININGRUNTIMES) == []
+    kube.fail("post", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs", 500, times=10)
+    ok(env, "submit", str(job_file), *job, code=1)
+    assert kube.names(TRAINJOBS) == [] and kube.names(TRAININGRUNTIMES) == []
+    kube.clear_faults()
+    # the runtime's create is stored but its answer lost: the retry meets it (get) and the submit goes on
+    kube.hang("post", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainingruntimes", after=True)
+    ok(env, "submit", str(job_file), *job, env={"ORCH_API_READ_TIMEOUT": "2"})
+    ok(env, "delete", "demo", "--wait")
+    kube.clear_faults()
 
-    used = {a for a in map(rbac_attributes, kube.requests()) if a is not None}
+
+def test_every_command_of_both_apis_runs_under_the_role_and_the_role_grants_nothing_more(both, job_file):
+    pytorchjob_life(both, job_file)
+    trainjob_life(both, job_file)
+    used = {a for a in map(rbac_attributes, both.kube.requests()) if a is not None}
     granted = rbac_rules()
-    assert used - granted == set(), "orch makes calls manifests/rbac.yaml does not allow"
+    assert used - granted == set()  # (the emulator refused those: a command above would have failed)
     # everything granted is used, except what only admission plugins check (blockOwnerDeletion)
     assert granted - used == {
         ("kubeflow.org", "pytorchjobs/finalizers", "update"),
@@ -128,3 +142,46 @@ def test_rolebinding_points_at_the_role():
         "name": role["metadata"]["name"],
     }
     assert "namespace" not in role["metadata"]  # applied with -n into the user's namespace
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_delete_after_render_and_kubectl_apply_removes_what_was_applied_and_nothing_else(both, job_file, api):
+    """`orch render | kubectl apply` creates the objects without ownerReferences: no garbage collector takes
+    them with the job, so `orch delete` finds them by the job's label (under the Role, list)."""
+    kubectl = require_tool("kubectl")
+    environment = {**os.environ, **both.vars}
+    orch = os.path.join(os.path.dirname(sys.executable), "orch")
+
+    def apply(name: str) -> None:
+        rendered = subprocess.run(
+            [orch, "render", str(job_file), "--api", api, "--set", f"name={name}"],
+            capture_output=True, text=True, env=environment, timeout=60, check=True,
+        )  # fmt: skip
+        applied = subprocess.run(
+            [kubectl, "apply", "--validate=false", "-f", "-"],
+            input=rendered.stdout, capture_output=True, text=True, env=environment, timeout=60,
+        )  # fmt: skip
+        assert applied.returncode == 0, applied.stderr
+
+    apply("demo")
+    apply("other")  # another job: its objects must stay
+    runtimes = ["demo", "other"] if api == "trainjob" else []
+    assert both.kube.names(TRAININGRUNTIMES) == runtimes
+    assert both.kube.names(CONFIGMAPS) == ["demo-config", "other-config"]
+    # a ConfigMap of the user's that carries the job's label but is not orch's rendering of it
+    both.kube.put(CONFIGMAPS, NS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "mine", "labels": {"orch.dev/job": "demo", "app.kubernetes.io/managed-by": "orch"},
+        "annotations": {"orch.dev/submission": "someone-else"}}})  # fmt: skip
+    deleted = both.orch("delete", "demo", "--wait")
+    assert deleted.exit_code == 0, deleted.output
+    assert both.kube.names(CONFIGMAPS) == ["mine", "other-config"]
+    assert both.kube.names(PODMONITORS) == ["other"]
+    assert both.kube.names(TRAININGRUNTIMES) == runtimes[1:]
+    assert both.kube.names(TRAINJOBS) + both.kube.names(JOBS) == ["other"]
+    kind = {"pytorchjob": "pytorchjob.kubeflow.org", "trainjob": "trainjob.trainer.kubeflow.org"}[api]
+    lines = deleted.stdout.splitlines()
+    assert lines[0] == f"{kind}/demo deleted"
+    assert sorted(lines[1:]) == sorted(
+        ["configmap/demo-config deleted", "podmonitor.monitoring.coreos.com/demo deleted"]
+        + (["trainingruntime.trainer.kubeflow.org/demo deleted"] if api == "trainjob" else [])
+    )

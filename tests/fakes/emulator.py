@@ -503,7 +503,7 @@ def serve(
             )
         if prometheus_operator:
             k.resources[PODMONITORS] = info(
-                kind="PodMonitor", namespaced=True, verbs={"create", "get", "delete"}
+                kind="PodMonitor", namespaced=True, verbs={"create", "get", "list", "delete"}
             )
 
     async def main() -> None:
