@@ -157,7 +157,11 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "job_labels": {**training_labels, **_kueue_labels(spec)},
         "pod_labels": training_labels,
         "annotations": {**spec.annotations, **tracking_annotation(spec, name, api)},
-        "pod_annotations": {**spec.annotations, **_topology_annotations(spec, name)},
+        "pod_annotations": {
+            **spec.annotations,
+            **_topology_annotations(spec, name),
+            **_volcano_queue_annotation(spec),
+        },
         "nproc_per_node": str(spec.procs_per_node),
         "run_policy": _run_policy(spec),
         "elastic_policy": _elastic_policy(spec),
@@ -237,6 +241,16 @@ def _topology_annotations(spec: JobSpec, name: str) -> dict[str, str]:
     return {naming.ANNOTATION_KUEUE_PREFERRED_TOPOLOGY: str(topology.preferred)}
 
 
+def _volcano_queue_annotation(spec: JobSpec) -> dict[str, str]:
+    """On every pod template when Volcano schedules the job in a queue. A pod without a PodGroup of its own
+    (one-pod jobs, `gang: false`) gets one from Volcano's podgroup controller, whose queue is this pod
+    annotation, else "default" (volcano pkg/controllers/podgroup/pg_controller_handler.go); the queue of a
+    gang's PodGroup comes from the job (schedulingPolicy / the runtime's template annotation)."""
+    if spec.scheduling.scheduler != naming.SCHEDULER_VOLCANO or not spec.scheduling.queue:
+        return {}
+    return {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}
+
+
 def _scheduling_policy(spec: JobSpec) -> dict[str, Any] | None:
     """PyTorchJob runPolicy.schedulingPolicy: the v1 operator (run with --gang-scheduler-name) creates a
     PodGroup from it; minAvailable is every pod of the job."""
@@ -311,8 +325,8 @@ def _trainjob_context(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         "numNodes": spec.nodes,
         "numProcPerNode": spec.procs_per_node,
     }
-    if context["resources"]:
-        trainer["resourcesPerNode"] = context["resources"]
+    if resources := _resources_per_node(spec, context):
+        trainer["resourcesPerNode"] = resources
     job_spec: dict[str, Any] = {
         "runtimeRef": {
             "name": spec.runtime or name,
@@ -332,6 +346,22 @@ def _trainjob_context(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         "runtime_labels": {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_RUNTIME)},
         "runtime_spec": None if spec.runtime else _runtime_spec(spec, context),
     }
+
+
+def _resources_per_node(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """The `node` container's resources: orch's (GPUs, cpu, memory) merged with what pod_overrides add to the
+    main container (EFA, RDMA, hugepages...). All of them go in trainer.resourcesPerNode, because Trainer
+    v2.1/v2.2 replace the runtime container's resources with it (pkg/runtime/framework/plugins/jobset/
+    builder.go Trainer: `WithResources(requirements)`; v2.3 merges), so extras left in the runtime were lost."""
+    resources = context["resources"] or {}
+    overrides = portable_overrides(spec.pod_overrides, naming.TRAINJOB_CONTAINER_NAME)
+    containers = overrides.get("containers")
+    for container in containers if isinstance(containers, list) else []:
+        if isinstance(container, dict) and container.get("name") == naming.TRAINJOB_CONTAINER_NAME:
+            extra = container.get("resources")
+            if isinstance(extra, dict):
+                resources = merge_overrides(resources, extra)
+    return resources if isinstance(resources, dict) else {}
 
 
 def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
@@ -359,6 +389,9 @@ def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         pod["schedulerName"] = context["scheduler_name"]
     if spec.pod_overrides:
         pod = merge_overrides(pod, portable_overrides(spec.pod_overrides, naming.TRAINJOB_CONTAINER_NAME))
+        for container in pod["containers"]:
+            if isinstance(container, dict) and container.get("name") == naming.TRAINJOB_CONTAINER_NAME:
+                container.pop("resources", None)  # in trainer.resourcesPerNode (see _resources_per_node)
     pod_metadata: dict[str, Any] = {"labels": context["pod_labels"]}
     if context["pod_annotations"]:
         pod_metadata["annotations"] = context["pod_annotations"]

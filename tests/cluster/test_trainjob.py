@@ -338,3 +338,32 @@ def test_replace_a_trainjob(v2, job_file):
     calls = [(r.method.value, r.url.path.rsplit("/", 2)[-2:]) for r in v2.kube.requests()
              if r.method.value in ("POST", "DELETE")][4:6]  # fmt: skip
     assert calls == [("DELETE", ["trainjobs", "demo"]), ("POST", [NS, "trainingruntimes"])]
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v2.2", "v2.3"])
+def test_extra_device_resources_reach_the_pods_on_every_trainer_release(v2, tmp_path, version):
+    """EFA, RDMA, hugepages from pod_overrides: v2.1/v2.2 replace the runtime container's resources with
+    trainer.resourcesPerNode (played by TrainerV2), so they must travel there; a PyTorchJob keeps them too."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(
+        "name: demo\nimage: registry.example/trainer:1\nnodes: 2\ngpus_per_node: 8\n"
+        "train:\n  task: digits\n  batch_size: 96\n  max_steps: 10\n"
+        "pod_overrides:\n  containers:\n  - name: pytorch\n    resources:\n"
+        "      limits: {vpc.amazonaws.com/efa: 4, rdma/ib: 1, hugepages-2Mi: 1Gi}\n"
+        "      requests: {hugepages-2Mi: 1Gi}\n"
+    )
+    submit(v2, job_file)
+    trainer = TrainerV2(v2.kube, NS, "demo", version=version)
+    pods = trainer.start()
+    pod = v2.kube.get(PODS, NS, pods[0])
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+    limits = container["resources"]["limits"]
+    assert (
+        limits["vpc.amazonaws.com/efa"] == 4 and limits["rdma/ib"] == 1 and limits["hugepages-2Mi"] == "1Gi"
+    )
+    assert str(limits["nvidia.com/gpu"]) == "8"
+    assert container["resources"]["requests"]["hugepages-2Mi"] == "1Gi"
+    pytorchjob = render.render(loading.load_job(str(job_file)), api="pytorchjob")[1]
+    for replica in pytorchjob["spec"]["pytorchReplicaSpecs"].values():
+        (main,) = [c for c in replica["template"]["spec"]["containers"] if c["name"] == "pytorch"]
+        assert main["resources"]["limits"]["vpc.amazonaws.com/efa"] == 4

@@ -38,8 +38,9 @@ DEFAULT_POD_TEMPLATE = {
 
 
 class TrainerV2:
-    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str, *, version: str = "v2.2") -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.version = version  # the Trainer release played, where releases differ
         self.restart_attempt = 0
         self.pods: list[str] = []  # by node rank
         self.pod_owner: dict[str, Any] = {}
@@ -71,7 +72,18 @@ class TrainerV2:
             if key in trainer:
                 container[key] = trainer[key]
         if "resourcesPerNode" in trainer:
-            container["resources"] = trainer["resourcesPerNode"]
+            per_node = trainer["resourcesPerNode"]
+            if self.version in ("v2.1", "v2.2"):
+                # pkg/runtime/framework/plugins/jobset/builder.go (v2.1.0, v2.2.0) Trainer():
+                # `Containers[j].WithResources(requirements)`: the runtime container's resources are replaced.
+                container["resources"] = per_node
+            else:
+                # v2.3.0: merged into the runtime's (pkg/util/trainingruntime MergeResourceRequirements).
+                merged = copy.deepcopy(container.get("resources") or {})
+                for key in ("limits", "requests"):
+                    if per_node.get(key):
+                        merged[key] = {**merged.get(key, {}), **per_node[key]}
+                container["resources"] = merged
         env = {e["name"]: e for e in container.get("env") or []}
         env.update({e["name"]: e for e in trainer.get("env") or []})
         env.update({e["name"]: e for e in self.pet_env()})

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator import naming, render
 from orchestrator.errors import SpecError
+from tests.fakes import volcano
 from tests.spec.conftest import load
 from tests.spec.manifest_checks import objects_errors
 from tests.spec.test_spec_cmds import orch
@@ -367,3 +368,21 @@ def test_submit_warnings(tmp_path, extra, api, expected):
 
 def test_one_pod_jobs_get_no_partial_scheduling_warning(tmp_path):
     assert render.warnings(load(BASE, tmp_path), "trainjob") == []
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize(
+    "job", [BASE + "scheduling: {scheduler: volcano, queue: research}\n",
+            MULTI + "scheduling: {scheduler: volcano, queue: research, gang: false}\n"],
+    ids=["one-pod", "gang-false"],
+)  # fmt: skip
+def test_pods_without_a_gang_wait_in_the_volcano_queue_asked_for(tmp_path, api, job):
+    """No PodGroup is rendered for them, so Volcano makes one per pod, from the pod's annotation (played by
+    tests/fakes/volcano.py); without it they would land in the queue "default"."""
+    found = objects(tmp_path, job, api=api)
+    if api == "pytorchjob":
+        templates = [r["template"] for r in found["PyTorchJob"]["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        templates = [runtime_pod(found)]
+    for template in templates:
+        assert volcano.queue_of(template) == "research"
