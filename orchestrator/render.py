@@ -29,7 +29,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming, runtime_env
+from orchestrator import launch, naming, runtime_env
 from orchestrator.errors import SpecError
 from orchestrator.trainer import tracking
 
@@ -285,7 +285,30 @@ def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
             "(checkpoints) is an emptyDir that goes with them: a restarted job starts from step 0; set "
             "output: {pvc: CLAIM} or a train.checkpoint.dir on a pvc volume"
         )
+    if chosen == "pytorchjob" and spec.restart.policy == "exit-code" and spec.output is None:
+        found.append(
+            "restart.policy exit-code on a PyTorchJob: the v1 operator recreates a pod that exits >= 128 "
+            f"without limit; orch's launcher counts the starts in {naming.OUTPUT_DIR}, an emptyDir that goes "
+            f"with each pod, so backoff_limit ({spec.restart.backoff_limit}) does not bound the retries; set "
+            "output: {pvc: CLAIM}, or a deadline"
+        )
+    if chosen == "pytorchjob" and spec.restart.policy == "job" and spec.nodes > 1:
+        found.append(pytorchjob_max_restarts_meaning(spec))
     return found
+
+
+def pytorchjob_max_restarts_meaning(spec: JobSpec) -> str:
+    """What restart.max_restarts bounds on a PyTorchJob, in one line. Each pod's torchrun agent counts only
+    its own workers' failures (a peer's restart is a membership change, which does not count: torch's
+    agent/server/api.py `_invoke_run`), and an agent that gave up exits and is restarted by the kubelet
+    with a fresh count, until the container restarts summed over the pods pass backoffLimit."""
+    restarts, backoff = spec.restart.max_restarts, _backoff_limit(spec)
+    most = restarts * (spec.nodes + backoff) + backoff
+    return (
+        f"restart.max_restarts {restarts} on a PyTorchJob bounds each pod's torchrun agent, not the job: the "
+        f"{spec.nodes} pods may re-form the group up to {most} times (max_restarts x (nodes + backoffLimit "
+        f"{backoff}) + backoffLimit); a TrainJob restarts the whole job exactly {restarts} times"
+    )
 
 
 def _restarts_replace_pods(spec: JobSpec, api: str) -> bool:
@@ -509,10 +532,19 @@ def train_json(spec: JobSpec) -> str | None:
     return runtime_env.train_json(spec.train) if spec.train is not None else None
 
 
+LAUNCHER = ["python", "-m", "orchestrator.launch"]  # torchrun whose exit code keeps the failure's class
+
+
 def torchrun_command(spec: JobSpec) -> list[str]:
     """torchrun with the per-pod process count; nnodes, node rank and the rendezvous come from the
-    operator's PET_* env. A `command:` job runs as given (`--no-python`: torchrun execs it directly)."""
-    launcher = ["torchrun", f"--nproc-per-node={spec.procs_per_node}"]
+    operator's PET_* env. A `command:` job runs as given (`--no-python`: torchrun execs it directly).
+
+    Train jobs (orch's image) start torchrun through orchestrator.launch, whose exit code tells a signal or
+    a SIGTERM of the pod (>= 128, retryable) from a program error (1-127): plain torchrun exits 1 for both.
+    A `command:` job may bring an image without orch, so it gets the launcher only where the exit code
+    decides something (restart.policy exit-code; docs/jobspec.md says its image needs orch then)."""
+    needs_launcher = spec.train is not None or spec.restart.policy == "exit-code"
+    launcher = [*(LAUNCHER if needs_launcher else ["torchrun"]), f"--nproc-per-node={spec.procs_per_node}"]
     if spec.command is not None:
         return [*launcher, "--no-python", *spec.command]
     return [*launcher, "-m", TRAINER_MODULE, "--config", naming.TRAIN_CONFIG_PATH]
@@ -598,10 +630,24 @@ def _env(spec: JobSpec, name: str, api: str = "pytorchjob") -> list[dict[str, An
     values = runtime.to_env()
     if spec.train is not None and spec.train.cuda_alloc_conf:
         values["PYTORCH_CUDA_ALLOC_CONF"] = spec.train.cuda_alloc_conf
+    retry_limit = _retry_limit(spec, api)
+    if retry_limit is not None:
+        values[launch.ENV_RETRY_LIMIT] = str(retry_limit)
     values.update(spec.env)
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in values.items() if k not in spec.secret_env
     ]
+    if (
+        retry_limit is not None
+    ):  # the start count is kept per submission (orch submit annotates the pod templates)
+        env.append(
+            {
+                "name": launch.ENV_SUBMISSION,
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": f"metadata.annotations['{naming.ANNOTATION_SUBMISSION}']"}
+                },
+            }
+        )
     env += [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
         for k, ref in {**_tracking_secrets(spec), **spec.secret_env}.items()
@@ -614,6 +660,14 @@ def _env(spec: JobSpec, name: str, api: str = "pytorchjob") -> list[dict[str, An
             }
         )
     return env
+
+
+def _retry_limit(spec: JobSpec, api: str) -> int | None:
+    """ORCH_RETRY_LIMIT for orchestrator.launch: a PyTorchJob's exit-code retries, which the v1 operator
+    does not bound itself (orchestrator/launch.py). 0 is a limit too, hence None for "none"."""
+    if api == "pytorchjob" and spec.restart.policy == "exit-code":
+        return spec.restart.backoff_limit
+    return None
 
 
 def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:

@@ -35,10 +35,13 @@ def test_submit_creates_owned_objects_status_list_delete(env, job_file):
     job = kube.get(JOBS, NS, "demo")
     expected = {o["kind"]: o for o in rendered(job_file)}
     sent = {r.data["kind"]: r.data for r in kube.requests("post")}
-    assert sent["PyTorchJob"] == expected["PyTorchJob"] | {"metadata": sent["PyTorchJob"]["metadata"]}
-    # ... and one annotation: the id of this submission, the same on every object (it recognises them)
+    # ... and one annotation: the id of this submission, the same on every object (it recognises them) and
+    # on the pod templates (orchestrator.launch keeps an exit-code job's start count per submission)
     submission = sent["PyTorchJob"]["metadata"]["annotations"]["orch.dev/submission"]
     assert re.fullmatch(r"[0-9a-f]{32}", submission)
+    for replica in expected["PyTorchJob"]["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["metadata"].setdefault("annotations", {})["orch.dev/submission"] = submission
+    assert sent["PyTorchJob"] == expected["PyTorchJob"] | {"metadata": sent["PyTorchJob"]["metadata"]}
     for obj in expected.values():
         meta = obj["metadata"]
         meta["annotations"] = {**meta.get("annotations", {}), "orch.dev/submission": submission}

@@ -118,7 +118,7 @@ def test_torchrun_and_operator_env_agree_on_the_world_size(tmp_path, extra):
     job = objects(tmp_path, text)["PyTorchJob"]
     operator_env = simulated_operator_env(job)
     command = container(job, next(iter(job["spec"]["pytorchReplicaSpecs"])))["command"]
-    assert command[:2] == ["torchrun", f"--nproc-per-node={operator_env['PET_NPROC_PER_NODE']}"]
+    assert command[:4] == [*render.LAUNCHER, f"--nproc-per-node={operator_env['PET_NPROC_PER_NODE']}"]
     # No flag on the command line overrides the operator's topology (torchrun reads PET_<FLAG> otherwise).
     assert not any(a.startswith(("--nnodes", "--node-rank", "--master", "--rdzv")) for a in command)
     max_nodes = int(operator_env["PET_NNODES"].split(":")[-1])
@@ -129,7 +129,9 @@ def test_train_jobs_run_the_trainer_on_the_mounted_config(tmp_path):
     found = objects(tmp_path)
     job, config_map = found["PyTorchJob"], found["ConfigMap"]
     assert container(job)["command"] == [
-        "torchrun",
+        "python",
+        "-m",
+        "orchestrator.launch",  # torchrun, with an exit code that keeps the failure's class
         "--nproc-per-node=1",
         "-m",
         "orchestrator.trainer",
@@ -280,7 +282,7 @@ pod_overrides:
         main, sidecar = spec["containers"]
         assert main["name"] == "pytorch" and main["imagePullPolicy"] == "Always"
         assert main["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
-        assert main["command"][0] == "torchrun"
+        assert main["command"][:3] == render.LAUNCHER
         assert sidecar == {"name": "sidecar", "image": "busybox"}
         assert spec["tolerations"] == [{"key": "a", "operator": "Exists"}]
 

@@ -341,18 +341,22 @@ def test_output_on_a_pvc_mounts_the_claim_at_the_output_dir(tmp_path, api):
 
 PARTIAL = "nothing prevents partial scheduling"
 LOST = "restarted job starts from step 0"
+UNBOUNDED = "so backoff_limit (3) does not bound the retries"  # issue #19 point 7
+PER_AGENT = "bounds each pod's torchrun agent, not the job"  # issue #19 point 8
 
 
 @pytest.mark.parametrize(
     ("extra", "api", "expected"),
     [
-        ("", "pytorchjob", [PARTIAL]),  # 4 pods, default scheduler, no queue; job policy restarts in place
+        ("", "pytorchjob", [PARTIAL, PER_AGENT]),  # 4 pods, default scheduler, no queue; restarts in place
         ("", "trainjob", [PARTIAL, LOST]),  # ... and the JobSet restart makes new pods
         ("scheduling: {queue: q}\n", "trainjob", [LOST]),
         ("scheduling: {scheduler: volcano}\noutput: {pvc: c}\n", "trainjob", []),
-        ("scheduling: {scheduler: scheduler-plugins-scheduler}\n", "pytorchjob", []),
+        ("scheduling: {scheduler: scheduler-plugins-scheduler}\n", "pytorchjob", [PER_AGENT]),
+        ("scheduling: {queue: q}\nrestart: {policy: on-failure}\n", "pytorchjob", []),
         ("scheduling: {gang: false}\nrestart: {policy: on-failure}\n", "trainjob", []),
-        ("scheduling: {queue: q}\nrestart: {policy: exit-code}\n", "pytorchjob", [LOST]),
+        ("scheduling: {queue: q}\nrestart: {policy: exit-code}\n", "pytorchjob", [LOST, UNBOUNDED]),
+        ("scheduling: {queue: q}\nrestart: {policy: exit-code}\noutput: {pvc: c}\n", "pytorchjob", []),
         ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n", "trainjob", [LOST]),
         ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n"
          "train: {task: digits, batch_size: 64, checkpoint: {dir: /ckpt/demo}}\n", "trainjob", []),
@@ -364,6 +368,14 @@ def test_submit_warnings(tmp_path, extra, api, expected):
         text += "train: {task: digits, batch_size: 64}\n"
     found = render.warnings(load(text, tmp_path), api)
     assert len(found) == len(expected) and all(e in w for e, w in zip(expected, found, strict=True)), found
+
+
+def test_pytorchjob_max_restarts_meaning_is_said_in_one_line(tmp_path):
+    """4 nodes, max_restarts 3: backoffLimit 12, so up to 3 x (4 + 12) + 12 group restarts, not 3."""
+    (line,) = [
+        w for w in render.warnings(load(BASE + "nodes: 4\n", tmp_path), "pytorchjob") if PER_AGENT in w
+    ]
+    assert "re-form the group up to 60 times" in line and "exactly 3 times" in line and "\n" not in line
 
 
 def test_one_pod_jobs_get_no_partial_scheduling_warning(tmp_path):

@@ -310,8 +310,8 @@ def test_the_rendered_pod_command_trains(tmp_path):
     command = [
         str(tmp_path / "train.json") if arg == "/etc/orch/train.json" else arg for arg in container["command"]
     ]
-    assert command[0] == "torchrun"
-    command[0] = str(Path(sys.executable).parent / "torchrun")
+    assert command[:3] == ["python", "-m", "orchestrator.launch"]
+    command[0] = sys.executable
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -1,0 +1,158 @@
+"""The container's main process on a cluster: torchrun, ending with an exit code that keeps the failure's class.
+
+    python -m orchestrator.launch --nproc-per-node=4 -m orchestrator.trainer --config /orch/config/train.json
+
+takes torchrun's arguments (and its PET_* environment) unchanged. torchrun itself ends with exit code 1 for
+every failure: its `main` is wrapped in `@record`, which re-raises the `ChildFailedError` of a failed worker
+and the `SignalException` of its own SIGTERM (torch/distributed/run.py, launcher/api.py), and Python exits 1
+on an uncaught exception. So a worker killed by a signal (an OOM kill, a segfault, NCCL's watchdog abort)
+and the pod's SIGTERM (eviction, preemption, a node drain) looked like a bug, and `restart.policy:
+exit-code` (the v1 operator's ExitCode, the Job's podFailurePolicy: >= 128 is retried, 1-127 fails the job)
+could not work. This runs torchrun's own `run(args)` in this process and picks the exit code itself:
+
+- this process got a signal (the kubelet's SIGTERM): 128 + signal, once torch's agent has stopped the
+  workers (SIGTERM, then SIGKILL after `--shutdown-timeout` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT);
+- otherwise the failed worker's: 128 + signal for a signal death, else its own code (1-127 for a Python
+  exception or `sys.exit(N)`; >= 128 where it says so itself, e.g. after a checkpoint on SIGTERM).
+
+With ORCH_RETRY_LIMIT set (a PyTorchJob with `restart.policy: exit-code`), it also bounds the retries: the
+v1 operator recreates a pod that failed with a retryable code, and its backoffLimit counts only the
+restarts of running pods' containers (pkg/core/job.go PastBackoffLimit; kubeflow/trainer#2045), so nothing
+else stops a job that keeps dying. Each start is counted in ORCH_OUTPUT_DIR/.orch-starts/ (one file per
+pod, named by its hostname; per `orch submit` when ORCH_SUBMISSION holds its id), and a start beyond
+ORCH_RETRY_LIMIT retries, summed over the job's pods, exits RETRIES_EXHAUSTED (permanent) without
+training. A run that the pod's SIGTERM ended (preemption, eviction) does not make the next start a retry,
+so preemption does not spend the budget. The count outlives a pod only where the output dir does: on a
+PersistentVolumeClaim.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RETRIES_EXHAUSTED = 3  # 1-127: the operator does not retry it, the job fails
+ENV_RETRY_LIMIT = "ORCH_RETRY_LIMIT"
+ENV_SUBMISSION = "ORCH_SUBMISSION"  # the pod's orch.dev/submission annotation (downward API); "" without one
+ENV_OUTPUT_DIR = "ORCH_OUTPUT_DIR"
+STARTS_DIR = ".orch-starts"
+SIGNAL_BASE = 128  # a shell's (and the kubelet's) exit code of a process killed by signal N is 128 + N
+
+
+# Signals torch's agent never sends (it stops the other workers with SIGTERM, then SIGKILL after the
+# shutdown timeout): a worker that died by one of these is a cause, never a consequence.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
+
+
+def exit_code(failures: dict[int, Any]) -> int:
+    """The container's exit code for torch's failed workers ({rank: ProcessFailure}; `exitcode` is -N for a
+    worker killed by signal N). After the first failure torch's agent stops the other workers and adds
+    them too, in the order it saw them (multiprocessing/api.py `_poll`): so the first entry is the cause,
+    unless another worker crashed (a segfault, NCCL's watchdog abort), which then is."""
+    crashed = [f.exitcode for f in failures.values() if f.exitcode < 0 and -f.exitcode in CRASH_SIGNALS]
+    cause = crashed[0] if crashed else next((f.exitcode for f in failures.values()), 1)
+    if cause < 0:
+        return SIGNAL_BASE + min(-cause, 127)
+    return min(cause, 255) if cause > 0 else 1
+
+
+@dataclass(frozen=True)
+class StartCount:
+    """One pod's line in ORCH_OUTPUT_DIR/.orch-starts/<submission>/<pod>: how often it started, and how
+    many of those runs ended with the pod's SIGTERM (preemption, eviction, a drain): those are not the
+    job's failures, so the restart after them is not a retry."""
+
+    path: Path
+
+    def read(self) -> tuple[int, int]:
+        try:
+            starts, _, stops = self.path.read_text(encoding="utf-8").partition(" ")
+            return int(starts), int(stops or 0)
+        except (OSError, ValueError):
+            return 0, 0
+
+    def write(self, starts: int, stops: int) -> None:
+        partial = self.path.with_name(f".{self.path.name}.tmp")
+        partial.write_text(f"{starts} {stops}\n", encoding="utf-8")
+        partial.replace(self.path)  # atomic: another pod of the job may be adding the counts up right now
+
+    def retries(self) -> int:
+        starts, stops = self.read()
+        return max(0, starts - 1 - stops)
+
+
+def count_start(output_dir: Path, submission: str, pod: str, limit: int) -> tuple[StartCount, str | None]:
+    """Record this start of `pod`; with it, the reason not to train when the job's pods (summed) have been
+    retried more than `limit` times, else None."""
+    starts_dir = output_dir / STARTS_DIR / (submission or "unsubmitted")
+    starts_dir.mkdir(parents=True, exist_ok=True)
+    mine = StartCount(starts_dir / pod)
+    starts, stops = mine.read()
+    mine.write(starts + 1, stops)
+    pods = [StartCount(path) for path in starts_dir.iterdir() if not path.name.startswith(".")]
+    retries = sum(count.retries() for count in pods)
+    if retries <= limit:
+        return mine, None
+    return mine, (
+        f"the pods of this job have been started again {retries} times, more than restart.backoff_limit "
+        f"({limit}); not starting again (counts in {starts_dir})"
+    )
+
+
+def _raise_signal(signum: int, frame: Any) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(argv)
+    count = None
+    if limit := os.environ.get(ENV_RETRY_LIMIT):
+        count, refused = count_start(
+            Path(os.environ.get(ENV_OUTPUT_DIR) or "."),
+            os.environ.get(ENV_SUBMISSION, ""),
+            socket.gethostname(),
+            int(limit),
+        )
+        if refused:
+            print(f"orch: {refused}", file=sys.stderr, flush=True)
+            return RETRIES_EXHAUSTED
+    # Until torch's agent installs its own handlers (when it starts the workers), a SIGTERM during the
+    # rendezvous ends this process the same way; as PID 1 it would otherwise be ignored until SIGKILL.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _raise_signal)
+    try:
+        torchrun.run(args)
+    except ChildFailedError as error:
+        code = exit_code(error.failures)
+        print(error.format_msg(), file=sys.stderr)  # what torchrun's @record prints: each failed rank
+        print(f"orch: a worker failed; exit code {code} ({_meaning(code)})", file=sys.stderr, flush=True)
+        return code
+    except SignalException as error:
+        code = SIGNAL_BASE + int(error.sigval)
+        if count is not None and error.sigval == signal.SIGTERM:  # stopped from outside: not a failure
+            starts, stops = count.read()
+            count.write(starts, stops + 1)
+        print(
+            f"orch: stopped by {error.sigval.name}; exit code {code} (retryable)", file=sys.stderr, flush=True
+        )
+        return code
+    return 0
+
+
+def _meaning(code: int) -> str:
+    return "retryable" if code >= SIGNAL_BASE else "permanent"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Tasks for tests/spec/test_exit_codes.py, loaded by the trainer as `tests.spec.exit_code_tasks:NAME`."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from orchestrator.trainer.tasks import Task, synthetic
+
+
+def dies_by_signal(rank: int, signal_name: str) -> Task:
+    """Rank `rank` kills itself with `signal_name` (a segfault, an OOM kill, NCCL's abort look like this)."""
+    if int(os.environ["RANK"]) == rank:
+        os.kill(os.getpid(), signal.Signals[signal_name])
+    return synthetic.make(samples=256)
+
+
+def raises(rank: int) -> Task:
+    """Rank `rank` raises: a program error."""
+    if int(os.environ["RANK"]) == rank:
+        raise ValueError(f"deliberate error on rank {rank}")
+    return synthetic.make(samples=256)
+
+
+def slow(**synthetic_args) -> Task:
+    """The synthetic task, slowed down; each rank writes ORCH_OUTPUT_DIR/started-RANK once it is built."""
+    Path(os.environ["ORCH_OUTPUT_DIR"]).mkdir(parents=True, exist_ok=True)
+    Path(os.environ["ORCH_OUTPUT_DIR"], f"started-{os.environ['RANK']}").write_text(str(os.getpid()))
+    return synthetic.make(**synthetic_args)
