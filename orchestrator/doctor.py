@@ -456,6 +456,7 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     if "trainjob" in served:
         checks.append(_jobset_check(JOBSET.group, facts.get("jobset_versions") or []))
         checks.append(_runtimes_check(facts.get("cluster_runtimes"), facts.get("runtimes_error")))
+        checks.append(_trainer_level_check(facts.get("trainer_level"), facts.get("trainer_level_error")))
     kueue = facts.get("kueue_versions") or []
     checks.append(
         Check("Kueue", OK, f"{KUEUE_GROUP} {', '.join(kueue)}")
@@ -519,6 +520,27 @@ def _runtimes_check(names: list[str] | None, error: str | None) -> Check:
             "training runtimes", OK, "no ClusterTrainingRuntimes (orch renders a TrainingRuntime per job)"
         )
     return Check("training runtimes", OK, f"ClusterTrainingRuntimes: {', '.join(names)}")
+
+
+def _trainer_level_check(level: str | None, error: str | None) -> Check:
+    """Which Trainer release's TrainJob fields the cluster serves, and what orch cannot do there."""
+    from orchestrator.cluster.apis.trainjob import FEATURES_MISSING
+
+    name = "Trainer features"
+    if level is None:
+        why = (
+            f"cannot read the TrainJob CRD ({error})" if error else "the TrainJob CRD's schema is unreadable"
+        )
+        return Check(name, OK, f"unknown: {why}; deadline and runtime: NAME need Trainer v2.2+")
+    missing = FEATURES_MISSING.get(level, "")
+    if not missing:
+        return Check(name, OK, f"TrainJob fields of Trainer {level}: everything orch renders")
+    return Check(
+        name,
+        WARN,
+        f"TrainJob fields of Trainer {level}: {missing}",
+        "orch refuses such a submit with one line naming the field; upgrade Trainer to use them",
+    )
 
 
 def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> Check:

@@ -159,7 +159,7 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "annotations": {**spec.annotations, **tracking_annotation(spec, name, api)},
         "pod_annotations": {
             **spec.annotations,
-            **_topology_annotations(spec, name),
+            **_topology_annotations(spec, name, api),
             **_volcano_queue_annotation(spec),
         },
         "nproc_per_node": str(spec.procs_per_node),
@@ -227,15 +227,17 @@ def _kueue_labels(spec: JobSpec) -> dict[str, str]:
     return labels
 
 
-def _topology_annotations(spec: JobSpec, name: str) -> dict[str, str]:
+def _topology_annotations(spec: JobSpec, name: str, api: str) -> dict[str, str]:
     """Kueue topology-aware scheduling, on every pod template. A PyTorchJob with a Master and Workers has
-    two PodSets: one podset-group-name makes Kueue place both in one domain of the required level."""
+    two PodSets: one podset-group-name makes Kueue place both in one domain of the required level. A TrainJob
+    (one replicated job, one PodSet) never gets one: Kueue refuses a group that is not of exactly 2 PodSets
+    (pkg/controller/jobframework/tas_validation.go ValidatePodSetGroupingTopology)."""
     topology = spec.scheduling.topology
     if topology is None or kueue_queue(spec) is None:
         return {}
     if topology.required:
         annotations = {naming.ANNOTATION_KUEUE_REQUIRED_TOPOLOGY: topology.required}
-        if _master_and_workers(spec):
+        if api == "pytorchjob" and _master_and_workers(spec):
             annotations[naming.ANNOTATION_KUEUE_PODSET_GROUP] = name
         return annotations
     return {naming.ANNOTATION_KUEUE_PREFERRED_TOPOLOGY: str(topology.preferred)}

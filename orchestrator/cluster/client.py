@@ -57,6 +57,7 @@ from orchestrator.cluster.errors import (
 )
 from orchestrator.cluster.resources import (
     CONFIGMAP,
+    CRD,
     EVENT,
     NODE,
     POD,
@@ -264,6 +265,13 @@ class Cluster:
         answer = answer if isinstance(answer, dict) else {}
         reason = answer.get("reason")
         return answer.get("allowed") is True, reason if isinstance(reason, str) else ""
+
+    def crd(self, name: str) -> dict[str, Any]:
+        """A CustomResourceDefinition (cluster-scoped: many users may not read it; a Forbidden then)."""
+        from kubernetes import client
+
+        fn = client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition
+        return self._request("get", CRD, name, fn, name)
 
     def nodes(self) -> list[dict[str, Any]]:
         return self._items("list", NODE, self._request("list", NODE, None, self.core.list_node))

@@ -21,6 +21,8 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     server, version, namespace; apis: {api key: {kind, group, versions (those serving the kind; [] if not
     served)}}; jobset_versions, kueue_versions (the groups' versions, [] if absent); cluster_runtimes (names of
     the ClusterTrainingRuntimes, or None with runtimes_error; only asked where TrainJob is served);
+    trainer_level (the Trainer release the TrainJob CRD's schema matches, "v2.0".."v2.3", or None with
+    trainer_level_error when the CRD cannot be read: it is cluster-scoped);
     monitoring_resources (monitoring.coreos.com/v1 resources); nodes ([{name, gpus, product}], or None with
     nodes_error when listing nodes is forbidden); access: {api key: {allowed, reason} or {error}} for each
     served API (the create right in this namespace).
@@ -50,6 +52,10 @@ def gather(cluster: Cluster) -> dict[str, Any]:
         except ClusterError as e:
             facts["access"][api.key] = {"error": str(e)}
     if facts["apis"]["trainjob"]["versions"]:
+        try:
+            facts["trainer_level"] = trainjob.feature_level(cluster.crd(trainjob.CRD_NAME))
+        except ClusterError as e:
+            facts["trainer_level"], facts["trainer_level_error"] = None, str(e)
         try:
             runtimes = cluster.list(trainjob.CLUSTER_TRAINING_RUNTIME, all_namespaces=True)
             facts["cluster_runtimes"] = sorted(

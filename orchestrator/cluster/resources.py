@@ -32,3 +32,4 @@ PODMONITOR = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"
 SELF_SUBJECT_ACCESS_REVIEW = Resource(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"
 )
+CRD = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition")

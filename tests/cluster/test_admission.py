@@ -6,21 +6,19 @@ emulator (tests/fakes/emulator.py `runtime_webhook`, `unknown_fields`)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import socket
 import time
 import urllib.request
 
 import pytest
-import yaml
 
 from orchestrator import cluster
 from orchestrator.cluster.resources import POD
 from tests.cluster.test_trainjob import NS, submit
 from tests.fakes.cli import FAST, Env, write_kubeconfig
 from tests.fakes.emulator import TRAININGRUNTIMES, TRAINJOBS, runtime_webhook, serve
-from tests.schemas import crd_file
+from tests.fakes.trainer import trainjob_crd
 
 
 @pytest.fixture
@@ -81,29 +79,6 @@ def test_other_denials_are_not_retried_and_rbac_refusals_still_say_rbac(v2, job_
     result = v2.orch("submit", str(job_file), "--api", "trainjob")
     assert result.exit_code == 1
     assert "manifests/rbac.yaml" in result.stderr
-
-
-def trainjob_crd(version: str) -> dict:
-    """The TrainJob CRD as Trainer `version` serves it, made from the newest one (v2.3) by taking away what
-    the older releases lack (pkg/apis/trainer/v1alpha1/trainjob_types.go at v2.1.0 and v2.2.0):
-    v2.2 has no terminationGracePeriodSeconds in a runtime patch's pod spec; v2.1 has neither
-    activeDeadlineSeconds nor runtimePatches, but podTemplateOverrides."""
-    crd = yaml.safe_load(crd_file("trainjobs.trainer.kubeflow.org.yaml").read_text())
-    crd = copy.deepcopy(crd)
-    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")["schema"]["openAPIV3Schema"]
-    spec = schema["properties"]["spec"]["properties"]
-    patch_pod = spec["runtimePatches"]["items"]["properties"]["trainingRuntimeSpec"]["properties"][
-        "template"
-    ]["properties"]["spec"]["properties"]["replicatedJobs"]["items"]["properties"]["template"]["properties"][
-        "spec"
-    ]["properties"]["template"]["properties"]["spec"]["properties"]
-    assert "terminationGracePeriodSeconds" in patch_pod and "activeDeadlineSeconds" in spec  # v2.3 as read
-    if version in ("v2.1", "v2.2"):
-        del patch_pod["terminationGracePeriodSeconds"]
-    if version == "v2.1":
-        del spec["activeDeadlineSeconds"], spec["runtimePatches"]
-        spec["podTemplateOverrides"] = {"type": "array", "items": {"type": "object"}}
-    return crd
 
 
 @pytest.mark.parametrize(

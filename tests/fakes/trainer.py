@@ -16,6 +16,8 @@ import copy
 import itertools
 from typing import Any
 
+import yaml
+
 from tests.fakes.emulator import (
     CLUSTERTRAININGRUNTIMES,
     JOBSETS,
@@ -25,6 +27,7 @@ from tests.fakes.emulator import (
     now_stamp,
 )
 from tests.fakes.kube import Kube
+from tests.schemas import crd_file
 
 NODE = "node"
 MASTER_PORT = 29500
@@ -225,3 +228,26 @@ class TrainerV2:
                 self.set_pod_phase(pod, "Running")
                 self.kube.start_log(self.namespace, pod)
             self.pods.append(pod)
+
+
+def trainjob_crd(version: str) -> dict:
+    """The TrainJob CRD as Trainer `version` serves it, made from the newest one (v2.3) by taking away what
+    the older releases lack (pkg/apis/trainer/v1alpha1/trainjob_types.go at v2.1.0 and v2.2.0):
+    v2.2 has no terminationGracePeriodSeconds in a runtime patch's pod spec; v2.1 has neither
+    activeDeadlineSeconds nor runtimePatches, but podTemplateOverrides."""
+    crd = yaml.safe_load(crd_file("trainjobs.trainer.kubeflow.org.yaml").read_text())
+    crd = copy.deepcopy(crd)
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]["properties"]
+    patch_pod = spec["runtimePatches"]["items"]["properties"]["trainingRuntimeSpec"]["properties"][
+        "template"
+    ]["properties"]["spec"]["properties"]["replicatedJobs"]["items"]["properties"]["template"]["properties"][
+        "spec"
+    ]["properties"]["template"]["properties"]["spec"]["properties"]
+    assert "terminationGracePeriodSeconds" in patch_pod and "activeDeadlineSeconds" in spec  # v2.3 as read
+    if version in ("v2.1", "v2.2"):
+        del patch_pod["terminationGracePeriodSeconds"]
+    if version == "v2.1":
+        del spec["activeDeadlineSeconds"], spec["runtimePatches"]
+        spec["podTemplateOverrides"] = {"type": "array", "items": {"type": "object"}}
+    return crd

@@ -16,8 +16,9 @@ pytest.importorskip("kmock")
 from orchestrator import doctor  # noqa: E402
 from orchestrator.doctor import FAIL, OK, WARN  # noqa: E402
 from tests.fakes.cli import write_kubeconfig  # noqa: E402
-from tests.fakes.emulator import CLUSTERTRAININGRUNTIMES, kmock, serve  # noqa: E402
+from tests.fakes.emulator import CLUSTERTRAININGRUNTIMES, TRAINJOBS, kmock, serve  # noqa: E402
 from tests.fakes.kube import Kube  # noqa: E402
+from tests.fakes.trainer import trainjob_crd  # noqa: E402
 
 ORCH = str(Path(sys.executable).with_name("orch"))
 NODES = "v1/nodes"
@@ -123,7 +124,7 @@ def test_trainer_v2_cluster(tmp_path: Path) -> None:
         review = kube.requests("post", SSAR_PATH)[0].data
     assert {name: c.status for name, c in checks.items()} == {
         "cluster": OK, "PyTorchJob CRD": OK, "TrainJob CRD": OK, "JobSet": OK, "training runtimes": OK,
-        "Kueue": OK, "Prometheus Operator CRDs": OK, "GPU nodes": OK, "permissions (TrainJob)": OK,
+        "Trainer features": OK, "Kueue": OK, "Prometheus Operator CRDs": OK, "GPU nodes": OK, "permissions (TrainJob)": OK,
     }  # fmt: skip
     assert checks["TrainJob CRD"].detail == "trainer.kubeflow.org v1alpha1 (Kubeflow Trainer v2)"
     assert checks["PyTorchJob CRD"].detail == (
@@ -136,6 +137,27 @@ def test_trainer_v2_cluster(tmp_path: Path) -> None:
     assert checks["Kueue"].detail == "kueue.x-k8s.io v1beta1"
     assert checks["permissions (TrainJob)"].detail == "may create trainjobs in namespace team-a"
     assert review["spec"]["resourceAttributes"]["resource"] == "trainjobs"
+    assert checks["Trainer features"].detail.startswith("unknown: cannot read the TrainJob CRD")
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "detail"),
+    [
+        ("v2.1", WARN, "TrainJob fields of Trainer v2.1: no deadline, no runtime: NAME"),
+        ("v2.2", WARN, "TrainJob fields of Trainer v2.2: no terminationGracePeriodSeconds"),
+        ("v2.3", OK, "TrainJob fields of Trainer v2.3: everything orch renders"),
+    ],
+)
+def test_trainer_feature_level_from_the_crd_schema(
+    tmp_path: Path, version: str, status: str, detail: str
+) -> None:
+    """Where the user may read the TrainJob CRD, its schema says which Trainer release is installed."""
+    with serve(operator=False, trainer=True) as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, "NVIDIA-H100-80GB-HBM3")], allowed=True)
+        kube.serve_crd(TRAINJOBS, trainjob_crd(version))
+        checks = run(kube, tmp_path)
+    assert checks["Trainer features"].status == status
+    assert checks["Trainer features"].detail.startswith(detail)
 
 
 def test_forbidden_node_list_is_a_warning(tmp_path: Path) -> None:

@@ -271,7 +271,8 @@ def test_gang_is_off_for_one_pod_and_when_asked(tmp_path, api):
 
 
 @pytest.mark.parametrize(
-    ("api", "policy"), [("pytorchjob", "on-failure"), ("pytorchjob", "job"), ("trainjob", "job")]
+    ("api", "policy"),
+    [("pytorchjob", "on-failure"), ("pytorchjob", "job"), ("trainjob", "job"), ("trainjob", "on-failure")],
 )
 def test_topology_annotations_on_every_pod_template(tmp_path, api, policy):
     text = MULTI + f"scheduling: {{queue: q, topology: {{required: rack}}}}\nrestart: {{policy: {policy}}}\n"
@@ -283,7 +284,9 @@ def test_topology_annotations_on_every_pod_template(tmp_path, api, policy):
     for template in templates:
         annotations = template["metadata"]["annotations"]
         assert annotations[naming.ANNOTATION_KUEUE_REQUIRED_TOPOLOGY] == "rack"
-        # Master and Workers are two PodSets: one group keeps them in one domain.
+        # Master and Workers are two PodSets: one group keeps them in one domain. A TrainJob's runtime has one
+        # replicated job, one PodSet, and Kueue refuses a group of one (pkg/controller/jobframework/
+        # tas_validation.go ValidatePodSetGroupingTopology: "can only define groups of exactly 2 pod sets").
         assert (naming.ANNOTATION_KUEUE_PODSET_GROUP in annotations) == (len(templates) == 2)
     preferred = objects(tmp_path, MULTI + "scheduling: {queue: q, topology: {preferred: rack}}\n", api=api)
     pod = (

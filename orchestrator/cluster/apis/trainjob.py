@@ -69,6 +69,36 @@ FIELDS_SINCE = (
     ),
 )
 
+CRD_NAME = f"{RESOURCE.plural}.{GROUP}"
+# What each Trainer release can run of what orch renders (docs/cluster.md, "Trainer and Kueue versions").
+FEATURES_MISSING = {
+    "v2.0": "no deadline, no runtime: NAME (no activeDeadlineSeconds, runtimePatches)",
+    "v2.1": "no deadline, no runtime: NAME (no activeDeadlineSeconds, runtimePatches)",
+    "v2.2": "no terminationGracePeriodSeconds in a runtime: NAME job's patch",
+    "v2.3": "",
+}
+
+
+def feature_level(crd: dict[str, Any]) -> str | None:
+    """The Trainer release whose TrainJob fields the CRD's schema has ("v2.0" ... "v2.3"; later releases read
+    as "v2.3"), from the fields that came with each (trainjob_types.go at each tag); None if unreadable."""
+    versions = status.objects(status.dig(crd, "spec", "versions"))
+    served = next((v for v in versions if v.get("name") == VERSION), None)
+    spec = status.dig(served, "schema", "openAPIV3Schema", "properties", "spec", "properties")
+    if not isinstance(spec, dict):
+        return None
+    if "runtimePatches" in spec:
+        pod = status.dig(
+            spec, "runtimePatches", "items", "properties", "trainingRuntimeSpec", "properties", "template",
+            "properties", "spec", "properties", "replicatedJobs", "items", "properties", "template",
+            "properties", "spec", "properties", "template", "properties", "spec", "properties",
+        )  # fmt: skip
+        return "v2.3" if isinstance(pod, dict) and "terminationGracePeriodSeconds" in pod else "v2.2"
+    if "podTemplateOverrides" in spec:
+        return "v2.1"
+    return "v2.0" if "podSpecOverrides" in spec else None
+
+
 # Highest first; "Succeeded" is orch's word for the API's "Complete" (one vocabulary for every API).
 PHASE_PRECEDENCE = ("Failed", "Complete", "Suspended")
 ORCH_PHASE = {"Complete": "Succeeded"}
