@@ -7,7 +7,8 @@ What the loader reads and builds is bounded before anything is built from it (a 
 bounds only stop files that would take the machine down): at most MAX_FILE_BYTES are read, nodes nest at most
 MAX_DEPTH deep, the document counts at most MAX_VALUES values once its aliases are expanded (a 300-byte alias
 "bomb" expands to billions), aliases may not refer to themselves, integers fit in an int64 and floats are
-finite. Each error names its bound.
+finite. Each error names its bound. What it builds is JSON-compatible only: a plain date stays a string,
+and tags without a JSON form (`!!binary`, `!!set`, `!!timestamp`, ...) are refused at their position.
 """
 
 from __future__ import annotations
@@ -82,6 +83,17 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# A plain `2024-01-01` is the string it reads as (YAML 1.2's core schema has no timestamps; YAML 1.1's would
+# make it a date, which neither JSON nor a Kubernetes object can hold).
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+# What a job file may hold is what JSON (and so a Kubernetes object) can: explicit `!!binary`, `!!set`,
+# `!!omap`, `!!pairs` or `!!timestamp` values are refused at their position instead of converted.
+JSON_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq", "merge")
+)
 
 
 def _positions(node: yaml.Node, path: FieldPath = ()) -> dict[FieldPath, Position]:
@@ -121,6 +133,12 @@ def _check_bounds(loader: _Loader, root: yaml.Node) -> None:
             visiting.add(key)
             count, height = 1, 1
             children: list[yaml.Node] = []
+            if node.tag not in JSON_TAGS:
+                raise _BoundError(
+                    problem=f"{node.tag.replace('tag:yaml.org,2002:', '!!')} values have no JSON form "
+                    "(a job is JSON: strings, numbers, booleans, null, lists and mappings); drop the tag",
+                    problem_mark=node.start_mark,
+                )
             if isinstance(node, yaml.MappingNode):
                 children = [n for pair in node.value for n in pair]
             elif isinstance(node, yaml.SequenceNode):
@@ -231,7 +249,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[Fiel
             raise SpecError(f"{error.problem}", file=flag) from None
         except yaml.YAMLError:
             value = raw
-        parts = key.strip().split(".")
+        # `volumes[0].mount` (the form errors print) is `volumes.0.mount`.
+        parts = _LIST_INDEX.sub(r".\1", key.strip()).split(".")
         path: FieldPath = ()
         target: Any = data
         for depth, part in enumerate(parts):
@@ -245,6 +264,12 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[Fiel
             elif isinstance(target, dict):
                 step = part
                 if depth < len(parts) - 1 and target.get(part) is None:
+                    if parts[depth + 1].isdigit():  # no list to index: it cannot be made up here
+                        where = _dotted((*path, step))
+                        raise SpecError(
+                            f"{where} is a list of 0 items; index {parts[depth + 1]} does not exist",
+                            file=flag,
+                        )
                     target[part] = {}
             else:
                 raise SpecError(f"{where} is not a mapping", file=flag)
@@ -255,6 +280,9 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[Fiel
                 target = target[step]
         origins[path] = flag
     return origins
+
+
+_LIST_INDEX = re.compile(r"\[(\d+)\]")
 
 
 def _redacted(override: str) -> str:
@@ -303,7 +331,7 @@ def _message(error: Mapping[str, Any], path: FieldPath) -> str:
     if kind == "extra_forbidden":
         model = _model_at(path)
         known = list(model.model_fields) if model else []
-        hint = difflib.get_close_matches(str(path[-1]), known, n=1)
+        hint = difflib.get_close_matches(str(path[-1]), known, n=1) if path else []
         return "unknown field" + (f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(known)})")
     if kind == "missing":
         return "required field is missing"
@@ -357,12 +385,11 @@ def validate(
         job = spec_models.JobSpec.model_validate(data)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
-        # pydantic appends the union member or validator name to the location; keep the data path only.
-        path = tuple(p for p in first["loc"] if isinstance(p, int) or not _is_internal(str(p)))
+        path = _data_path(data, first)
         message = _message(first, path)
         raise fail(path, message) from None
     except spec_models.FieldError as error:
-        raise fail(tuple(error.path.split(".")), error.message) from None
+        raise fail(error.parts, error.message) from None
     if require_image and not job.image:
         raise fail(("image",), "required to render or submit (the training image the pods run)")
     # Where it will run decides what tracking needs: packages here (`orch run`), or a URI the pods can read.
@@ -371,9 +398,22 @@ def validate(
     return job
 
 
-def _is_internal(part: str) -> bool:
-    # Union branches and constrained types: "int", "str", "function-after[...]", "list[str]", "bool", ...
-    return any(c in part for c in "[]()") or part in ("int", "str", "float", "bool", "none", "dict")
+def _data_path(data: Any, error: Mapping[str, Any]) -> FieldPath:
+    """The part of a pydantic error location that is a path in the data. pydantic adds union members and
+    validator names ("int", "function-after[...]") to it; a part is kept when the data holds it there (a key
+    of that mapping, an index of that list), so a key that looks like one of those ("volumes[0]") is kept.
+    The field a `missing` error names is not in the data: it is kept as the last part."""
+    loc = list(error["loc"])
+    missing = loc.pop() if error["type"] == "missing" and loc else None
+    path: list[str | int] = []
+    target = data
+    for part in loc:
+        in_mapping = isinstance(target, dict) and part in target
+        in_list = isinstance(target, list) and isinstance(part, int) and 0 <= part < len(target)
+        if in_mapping or in_list:
+            target = target[part]
+            path.append(part)
+    return (*path, missing) if missing is not None else tuple(path)
 
 
 def load_job(

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator import naming, pod_shape
 from orchestrator.durations import parse_duration
 from orchestrator.runtime_env import DEFAULT_GPU_SAMPLE_SECONDS, DEFAULT_METRICS_PORT
 
@@ -51,14 +52,16 @@ MAX_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 i
 
 
 class FieldError(Exception):
-    """A cross-field rule failed. `path` is the dotted field the user must change.
+    """A cross-field rule failed. `path` is the field the user must change: dotted (`train.batch_size`), or
+    a tuple whose ints index lists (`("pod_overrides", "containers", 0)`).
 
     Deliberately not a ValueError: pydantic would wrap it and lose the path.
     """
 
-    def __init__(self, path: str, message: str) -> None:
+    def __init__(self, path: str | tuple[str | int, ...], message: str) -> None:
         super().__init__(message)
-        self.path, self.message = path, message
+        self.parts: tuple[str | int, ...] = tuple(path.split(".")) if isinstance(path, str) else path
+        self.path, self.message = ".".join(str(p) for p in self.parts), message
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -496,7 +499,8 @@ class JobSpec(Model):
     image: ImageRef | None = None
     nodes: PositiveInt = 1
     gpus_per_node: NonNegativeInt = 0
-    procs_per_node: PositiveInt = None  # type: ignore[assignment]  # resolved in _defaults
+    procs_per_node: PositiveInt = Field(None, validate_default=False)  # type: ignore[assignment]
+    """None: gpus_per_node, or 1 without GPUs (resolved after validation)."""
     resources: Resources = Resources()
     train: TrainSpec | None = None
     command: Annotated[list[StringValue], Field(min_length=1)] | None = None
@@ -520,33 +524,41 @@ class JobSpec(Model):
     labels: dict[LabelKey, LabelValue] = {}
     annotations: dict[LabelKey, StringValue] = {}
     pod_overrides: dict[str, Any] = {}
-    """Advanced: deep-merged into the pod template spec of every replica."""
+    """Advanced: deep-merged into the pod template spec of every replica; checked against the shape of a
+    Kubernetes pod spec (field names, types, a `name` on items of named lists), like `affinity`."""
 
     @model_validator(mode="before")
     @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("procs_per_node") is None:
-            gpus = data.get("gpus_per_node") or 0
-            data = {**data, "procs_per_node": gpus if isinstance(gpus, int) and gpus > 0 else 1}
-        if isinstance(data, dict) and isinstance(data.get("restart", {}), dict):
-            restart = data.get("restart") or {}
-            if restart and data.get("runtime") is not None:
-                raise FieldError(
-                    "restart",
-                    "with runtime: the ClusterTrainingRuntime's JobSet failurePolicy decides restarts "
-                    "(runtimePatches cannot set it); remove restart, or drop runtime:",
-                )
-            if restart.get("policy") is None:
-                # One pod restarted alone cannot rejoin its peers' communicator (the job hangs), so jobs of
-                # more than one node restart whole; elastic jobs re-form through torchrun's own agent.
-                nodes = data.get("nodes", 1)
-                multi = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1
-                policy = "job" if multi and data.get("elastic") is None else "on-failure"
-                data = {**data, "restart": {**restart, "policy": policy}}
+    def _json_values(cls, data: Any) -> Any:
+        if (found := value_problem(data)) is not None:
+            raise FieldError(*found)
         return data
+
+    def _resolve_defaults(self) -> None:
+        """Defaults that depend on other fields, chosen from their validated values (`nodes: "3"` is 3 here)."""
+        if self.procs_per_node is None:
+            object.__setattr__(self, "procs_per_node", self.gpus_per_node or 1)
+        if self.restart.model_fields_set and self.runtime is not None:
+            raise FieldError(
+                "restart",
+                "with runtime: the ClusterTrainingRuntime's JobSet failurePolicy decides restarts "
+                "(runtimePatches cannot set it); remove restart, or drop runtime:",
+            )
+        if self.restart.policy is None:
+            # One pod restarted alone cannot rejoin its peers' communicator (the job hangs), so jobs of
+            # more than one node restart whole; elastic jobs re-form through torchrun's own agent.
+            policy = "job" if self.nodes > 1 and self.elastic is None else "on-failure"
+            restart = self.restart.model_copy(update={"policy": policy})
+            object.__setattr__(restart, "__pydantic_fields_set__", set(self.restart.model_fields_set))
+            object.__setattr__(self, "restart", restart)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> JobSpec:
+        self._resolve_defaults()
+        for field, kind in (("affinity", "V1Affinity"), ("pod_overrides", pod_shape.ROOT)):
+            value = getattr(self, field)
+            if value is not None and (found := pod_shape.problem(value, kind)) is not None:
+                raise FieldError((field, *found[0]), found[1])
         if (self.train is None) == (self.command is None):
             raise FieldError(
                 "train",
@@ -587,6 +599,15 @@ class JobSpec(Model):
             if getattr(self.scheduling, field) is not None and self.scheduling.queue is None:
                 raise FieldError(
                     f"scheduling.{field}", f"needs scheduling.queue (Kueue applies {field} to queued jobs)"
+                )
+            if (
+                getattr(self.scheduling, field) is not None
+                and self.scheduling.scheduler == naming.SCHEDULER_VOLCANO
+            ):
+                raise FieldError(
+                    f"scheduling.{field}",
+                    f"is Kueue's, and with scheduler: {naming.SCHEDULER_VOLCANO} the job goes to Volcano's queue, "
+                    f"not Kueue's: nothing would carry it (Volcano's priority is scheduling.priority_class)",
                 )
         if api_error := api_problem(self, self.api):
             raise FieldError(*api_error)
@@ -705,8 +726,12 @@ def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
             )
         if key == "containers" and isinstance(value, list):
             for container in value:
-                extra = sorted(set(container) - set(RUNTIME_PATCH_CONTAINER_FIELDS))
-                if isinstance(container, dict) and extra:
+                extra = (
+                    sorted(set(container) - set(RUNTIME_PATCH_CONTAINER_FIELDS))
+                    if isinstance(container, dict)
+                    else []
+                )
+                if extra:
                     return f"pod_overrides.containers.{extra[0]}", f"{why} (a container patch may set name, "
                     "volumeMounts and securityContext)"
     return None
@@ -718,6 +743,52 @@ MLFLOW_CREDENTIAL_ENV = {
     "password": "MLFLOW_TRACKING_PASSWORD",
     "token": "MLFLOW_TRACKING_TOKEN",
 }
+
+# Free strings may hold these control characters (a multi-line env value or script argument); no others.
+ALLOWED_CONTROL_CHARACTERS = "\t\n"
+
+
+def value_problem(value: Any, path: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], str] | None:
+    """(path, why) for the first value in `value` (at any depth, keys included) that a job cannot hold: one
+    rule for every value, whether it came from YAML or a Python dict. A value is JSON (strings, numbers,
+    booleans, null, lists, mappings with string keys: a date or bytes would crash render or `-o json`), and a
+    string holds no control character other than tab and newline (NUL, ESC or CR never reach a pod's
+    environment, a command line or a terminal). The character is named, the value never shown (it may be a
+    secret)."""
+    if isinstance(value, str):
+        bad = next((c for c in value if _is_control(c)), None)
+        if bad is None:
+            return None
+        return path, (
+            f"holds the control character U+{ord(bad):04X} at position {value.index(bad)}; "
+            "a string may hold tab and newline, no other control character"
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return path, f"key {show(key)} is not a string"
+            if (found := value_problem(key, (*path, key))) is not None:
+                return found
+            if (found := value_problem(item, (*path, key))) is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if (found := value_problem(item, (*path, index))) is not None:
+                return found
+        return None
+    if value is None or isinstance(value, (bool, int, float, BaseModel)):
+        return None
+    return (
+        path,
+        f"a {type(value).__name__} has no JSON form (strings, numbers, booleans, null, lists, mappings)",
+    )
+
+
+def _is_control(character: str) -> bool:
+    code = ord(character)
+    return (code < 0x20 or 0x7F <= code <= 0x9F) and character not in ALLOWED_CONTROL_CHARACTERS
+
 
 # Paths orch mounts into every pod (see manifests/pytorchjob.yaml.j2); a user volume cannot take them.
 RESERVED_MOUNTS = ("/dev/shm", "/etc/orch", "/orch/output")

@@ -120,3 +120,35 @@ def test_yaml_mistakes(tmp_path, text, expected):
 
 def test_missing_file(tmp_path):
     assert error_of(tmp_path / "nope.yaml").endswith("no such file; `orch init` writes a starter job.yaml")
+
+
+# --- decisions read validated values (issue #25, class 5) -----------------------------------------------
+
+
+@pytest.mark.parametrize("nodes", ['"3"', "3.0", "3"])
+def test_the_restart_default_follows_the_validated_node_count(job_file, nodes):
+    """`nodes: "3"` is 3 nodes: the whole job restarts (a lone pod cannot rejoin its peers)."""
+    job_file.write_text(JOB.replace("nodes: 2", f"nodes: {nodes}").replace("256", "384"))
+    spec = load_job(job_file)
+    assert (spec.nodes, spec.restart.policy) == (3, "job")
+
+
+@pytest.mark.parametrize("gpus", ['"2"', "2.0"])
+def test_procs_per_node_follows_the_validated_gpu_count(job_file, gpus):
+    job_file.write_text(JOB.replace("nodes: 2", f"nodes: 2\ngpus_per_node: {gpus}"))
+    spec = load_job(job_file)
+    assert (spec.gpus_per_node, spec.procs_per_node) == (2, 2)
+
+
+def test_a_wrong_gpu_count_is_named_not_procs_per_node(job_file):
+    job_file.write_text(JOB.replace("nodes: 2", 'nodes: 2\ngpus_per_node: "two"'))
+    assert "gpus_per_node" in error_of(job_file) and "procs_per_node" not in error_of(job_file)
+
+
+def test_an_explicit_restart_is_kept_and_refused_with_a_runtime(job_file):
+    job_file.write_text(JOB + "restart: {}\n")
+    assert load_job(job_file).restart.policy == "job"
+    job_file.write_text(
+        JOB + "api: trainjob\nruntime: torch\nmetrics: {enabled: false}\nrestart: {max_restarts: 1}\n"
+    )
+    assert "restart: with runtime:" in error_of(job_file)

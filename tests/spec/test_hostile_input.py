@@ -307,3 +307,132 @@ def test_secret_given_by_set_is_not_echoed(tmp_path):
     path.write_text(job())
     line = assert_one_error_line(orch("validate", str(path), "--set", f"secret_env.TOKEN={SECRET}"))
     assert SECRET not in line and "secret_env.TOKEN" in line
+
+
+# --- second round (issue #25): shapes of the new features' inputs -----------------------------------------
+
+TRAINJOB_RUNTIME = {"api": "trainjob", "runtime": "torch-distributed", "metrics": {"enabled": False}}
+
+# (case) -> (job fields, words the one error line must hold)
+SECOND_ROUND = {
+    # class 1: pod_overrides and affinity have the shape of the Kubernetes objects they override
+    "overrides-int-container": (
+        {"pod_overrides": {"containers": [5]}},
+        "pod_overrides.containers[0]: must be an object",
+    ),
+    "overrides-int-container-runtime": (
+        {**TRAINJOB_RUNTIME, "pod_overrides": {"containers": [5]}},
+        "pod_overrides.containers[0]",
+    ),
+    "overrides-null-container": ({"pod_overrides": {"containers": [None]}}, "cannot be null"),
+    "overrides-nested-list": ({"pod_overrides": {"containers": [[{}]]}}, "pod_overrides.containers[0]"),
+    "overrides-list-name": (
+        {"pod_overrides": {"containers": [{"name": ["a"]}]}},
+        "pod_overrides.containers[0].name: must be a string",
+    ),
+    "overrides-map-name-runtime": (
+        {**TRAINJOB_RUNTIME, "pod_overrides": {"volumes": [{"name": {"a": 1}}]}},
+        "pod_overrides.volumes[0].name",
+    ),
+    "overrides-scalar-for-list": ({"pod_overrides": {"tolerations": "all"}}, "must be a list"),
+    "overrides-no-name": ({"pod_overrides": {"containers": [{"image": "x:1"}]}}, "needs a name"),
+    "overrides-unknown-field": ({"pod_overrides": {"hostNetwrk": True}}, "did you mean 'hostNetwork'"),
+    "overrides-string-int": (
+        {"pod_overrides": {"terminationGracePeriodSeconds": "30"}},
+        "must be an integer",
+    ),
+    "affinity-wrong-shape": ({"affinity": {"nodeAffinity": [1]}}, "affinity.nodeAffinity"),
+    # class 3: no control character but tab and newline in any string
+    "nul-in-env": ({"env": {"A": "a\x00b"}}, "env.A: holds the control character U+0000"),
+    "esc-in-command": ({"train": None, "command": ["python", "\x1b[2J"]}, "command[1]"),
+    "cr-in-experiment": (
+        {"tracking": {"mlflow": {"tracking_uri": "http://mlflow:5000", "experiment": "a\rb"}}},
+        "tracking.mlflow.experiment: holds the control character U+000D",
+    ),
+    "nul-in-task-args-key": ({"train": {"task": "digits", "task_args": {"k\x00": 1}}}, "U+0000"),
+    "c1-in-annotation": ({"annotations": {"example.com/a": "x\x9by"}}, "U+009B"),
+    # class 5: a field the chosen scheduler cannot carry
+    "volcano-with-kueue-priority": (
+        {"scheduling": {"scheduler": "volcano", "queue": "q", "priority": "high"}},
+        "scheduling.priority",
+    ),
+    "volcano-with-topology": (
+        {"scheduling": {"scheduler": "volcano", "queue": "q", "topology": {"required": "rack"}}},
+        "scheduling.topology",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SECOND_ROUND, ids=list(SECOND_ROUND))
+def test_second_round_shapes_end_in_one_line(case, tmp_path):
+    fields, expected = SECOND_ROUND[case]
+    data = {**json.loads(json.dumps(BASE)), **fields}
+    data = {key: value for key, value in data.items() if value is not None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=False))
+    for command in ("validate", "render"):
+        assert_one_error_line(orch(command, str(path)), str(path), expected)
+
+
+# class 2: the loader builds JSON-compatible data only (render -o json and train.json cannot crash)
+HEAD = "name: digits\nimage: ghcr.io/acme/trainer:1.0\n"
+YAML_TAGS = {
+    "binary": ("train: {task: digits, task_args: {blob: !!binary aGVsbG8=}}\n", "!!binary", ":3:"),
+    "set": ("train: {task: digits}\npod_overrides: {nodeSelector: !!set {a, b}}\n", "!!set", ":4:"),
+    "timestamp": ("train: {task: digits}\naffinity: {x: !!timestamp 2024-01-01}\n", "!!timestamp", ":4:"),
+    "omap": ("train: {task: digits, task_args: !!omap [a: 1]}\n", "!!omap", ":3:"),
+    "custom": ("train: {task: digits, task_args: {a: !secret x}}\n", "!secret", ":3:"),
+}
+
+
+@pytest.mark.parametrize("case", YAML_TAGS, ids=list(YAML_TAGS))
+def test_yaml_values_without_a_json_form_are_refused_at_their_position(case, tmp_path):
+    text, tag, line = YAML_TAGS[case]
+    path = tmp_path / "job.yaml"
+    path.write_text(HEAD + text)
+    assert_one_error_line(orch("render", "-o", "json", str(path)), f"{path}{line}", tag, "no JSON form")
+
+
+def test_a_plain_date_is_the_string_it_reads_as(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        job(train={"task": "digits", "task_args": {"since": "DATE"}}).replace("DATE", "2024-01-01")
+    )
+    assert "2024-01-01" in path.read_text() and "'2024-01-01'" not in path.read_text()
+    assert loading.load_job(path).train.task_args == {"since": "2024-01-01"}
+    result = orch("render", "-o", "json", str(path))
+    assert result.returncode == 0, result.stderr
+    assert '\\"since\\": \\"2024-01-01\\"' in result.stdout
+
+
+def test_a_python_dict_with_a_date_is_refused_naming_the_field():
+    import datetime
+
+    with pytest.raises(SpecError, match=r"train\.task_args\.since: a date has no JSON form"):
+        loading.validate(
+            {**BASE, "train": {"task": "digits", "task_args": {"since": datetime.date(2024, 1, 1)}}},
+            file="job",
+            positions={},
+        )
+
+
+# #20: two input crashes; --set takes the list index form that errors print
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "volumes[0].name=x"], "volumes is a list of 0 items; index 0 does not exist"),
+        (["--set", "volumes.0.name=x"], "volumes is a list of 0 items; index 0 does not exist"),
+        (["--set", "a[b]=1"], "unknown field"),
+        (["--set", 'env.A="a\\0b"'], "U+0000"),
+    ],
+)
+def test_set_on_a_missing_list_or_an_odd_key_ends_in_one_line(args, expected, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(job())
+    assert_one_error_line(orch("validate", str(path), *args), expected)
+
+
+def test_a_key_that_looks_like_an_index_is_named_in_the_error(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(job() + "volumes[0]: 3\n")
+    assert_one_error_line(orch("validate", str(path)), "unknown field; did you mean 'volumes'")
