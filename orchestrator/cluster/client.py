@@ -83,6 +83,7 @@ BACKOFF_ENV = "ORCH_API_BACKOFF_SECONDS"  # first retry delay; doubles each time
 READ_TIMEOUT_ENV = "ORCH_API_READ_TIMEOUT"  # seconds one attempt waits for an answer before retrying
 MAX_BACKOFF = 30.0
 MAX_DENIAL_BACKOFF = 2.0  # a transient denial lasts as long as an informer cache lags: seconds, not minutes
+MAX_DENIALS_UNBOUNDED = 30  # without a deadline (--request-timeout 0): about a minute of asking again
 
 # The API server's words for a webhook's denial (k8s.io/apiserver/pkg/admission/plugin/webhook/errors).
 ADMISSION_DENIAL = re.compile(
@@ -442,7 +443,8 @@ class Cluster:
                     # the webhook has not seen what it looks up yet: ask again until the deadline
                     delay = min(self.backoff * 2**denials, MAX_DENIAL_BACKOFF)
                     denials += 1
-                    if deadline is not None and time.monotonic() + delay >= deadline:
+                    out_of_time = deadline is not None and time.monotonic() + delay >= deadline
+                    if out_of_time or (deadline is None and denials > MAX_DENIALS_UNBOUNDED):
                         raise self._translate(e, verb, resource, name) from e
                     time.sleep(delay)
                     continue
