@@ -37,6 +37,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import math
 import os
 import re
 import time
@@ -50,6 +51,7 @@ from orchestrator.cluster.errors import (
     AlreadyExists,
     ClusterError,
     ClusterUnreachable,
+    Expired,
     Forbidden,
     NotFound,
     Unauthorized,
@@ -91,6 +93,8 @@ ADMISSION_DENIAL = re.compile(
 )
 # A strict-decoding failure (fieldValidation=Strict): `... strict decoding error: unknown field "spec.x", ...`.
 UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
+PAGE_SIZE = 500  # objects per list page, as kubectl's --chunk-size: a 1,000-pod list is 2 bounded answers
+WATCH_SECONDS = 300  # one watch request's server-side timeout; then it is resumed from its resourceVersion
 
 
 def poll_seconds() -> float:
@@ -316,25 +320,145 @@ class Cluster:
     def list(
         self, resource: Resource, *, selector: str | None = None, all_namespaces: bool = False
     ) -> list[dict[str, Any]]:
-        options = {"label_selector": selector} if selector else {}
-        fn: Callable[..., Any]
-        if resource in (POD, CONFIGMAP):
-            fn = self.core.list_namespaced_pod if resource == POD else self.core.list_namespaced_config_map
-            answer = self._request("list", resource, None, fn, self.namespace, **options)
-        elif resource == EVENT:
+        return self.list_versioned(resource, selector=selector, all_namespaces=all_namespaces)[0]
+
+    def list_versioned(
+        self,
+        resource: Resource,
+        *,
+        selector: str | None = None,
+        name: str | None = None,
+        all_namespaces: bool = False,
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        """Every object, read in pages of `PAGE_SIZE` (`limit`/`continue`), and the list's resourceVersion
+        (where a watch of what changes next starts). A continue token that expired (410) restarts the list,
+        as client-go's pager does."""
+        options: dict[str, Any] = {"label_selector": selector} if selector else {}
+        if name is not None:
+            options["field_selector"] = f"metadata.name={name}"
+        if resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
-            fn = self.core.list_namespaced_event
-            answer = self._request("list", resource, None, fn, self.namespace, field_selector="type=Warning")
-        elif all_namespaces:
-            fn = self.custom.list_cluster_custom_object
-            answer = self._request(
-                "list", resource, None, fn, resource.group, resource.version, resource.plural, **options
-            )
-        else:
-            fn = self.custom.list_namespaced_custom_object
-            args = (resource.group, resource.version, self.namespace, resource.plural)
-            answer = self._request("list", resource, None, fn, *args, **options)
-        return self._items("list", resource, answer)
+            options["field_selector"] = "type=Warning"
+        fn, args = self._list_call(resource, all_namespaces)
+        items: builtins.list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = {"limit": PAGE_SIZE, **({"_continue": token} if token else {})}
+            try:
+                answer = self._request("list", resource, None, fn, *args, **options, **page)
+            except Expired:
+                if not token:
+                    raise
+                items, token = [], ""  # the snapshot is gone: start over
+                continue
+            items += self._items("list", resource, answer)
+            meta = answer.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def _list_call(
+        self, resource: Resource, all_namespaces: bool
+    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The client function that lists `resource` (or watches it, with watch=True), and its arguments."""
+        if resource == POD:
+            return self.core.list_namespaced_pod, (self.namespace,)
+        if resource == CONFIGMAP:
+            return self.core.list_namespaced_config_map, (self.namespace,)
+        if resource == EVENT:
+            return self.core.list_namespaced_event, (self.namespace,)
+        if all_namespaces:
+            return self.custom.list_cluster_custom_object, (resource.group, resource.version, resource.plural)
+        fn = self.custom.list_namespaced_custom_object
+        return fn, (resource.group, resource.version, self.namespace, resource.plural)
+
+    def watch(
+        self,
+        resource: Resource,
+        *,
+        resource_version: str,
+        selector: str | None = None,
+        name: str | None = None,
+        seconds: float = WATCH_SECONDS,
+    ) -> Iterator[dict[str, Any]]:
+        """One watch request: the changes after `resource_version`, as {type, object} events, until the
+        server ends it (after `seconds`). Raises `Expired` if that version is too old: list again."""
+        import urllib3
+
+        options: dict[str, Any] = {
+            "watch": True,
+            "resource_version": resource_version,
+            "timeout_seconds": max(1, math.ceil(seconds)),
+            "allow_watch_bookmarks": True,
+            # the server ends the watch after `seconds`; a few more for the last bookmark to arrive
+            "_request_timeout": (CONNECT_TIMEOUT, math.ceil(seconds) + 30),
+        }
+        if selector:
+            options["label_selector"] = selector
+        if name is not None:
+            options["field_selector"] = f"metadata.name={name}"
+        fn, args = self._list_call(resource, False)
+        response = self._call("watch", resource, name, fn, *args, **options)
+        try:
+            for line in _lines(response):
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    raise self._not_the_api("watch", resource, name, "application/json", line) from None
+                if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                    raise self._not_the_api("watch", resource, name, "application/json", line)
+                if event.get("type") == "ERROR":
+                    status_obj = event["object"]
+                    message = self._scrub(str(status_obj.get("message") or ""))
+                    if status_obj.get("code") == 410:
+                        raise Expired(f"watch {resource}: {message}")
+                    raise ClusterError(f"watch {resource} failed: HTTP {status_obj.get('code')} {message}")
+                yield event
+        except urllib3.exceptions.HTTPError as e:
+            raise ClusterUnreachable(self._scrub(f"the watch of {resource} broke off: {e}")) from e
+        finally:
+            response.release_conn()
+
+    def observe(
+        self,
+        resource: Resource,
+        *,
+        selector: str | None = None,
+        name: str | None = None,
+        until: float | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any] | None, dict[str, dict[str, Any]]]]:
+        """List, then watch from the list's resourceVersion, resuming each watch where the last one ended;
+        a 410 Gone (the version was compacted) lists again. Yields (change, object, current objects by name):
+        ("SYNC", None, all) after each list, then ("ADDED"|"MODIFIED"|"DELETED", object, all) per change.
+        Ends at the monotonic time `until` (never, if None). Requests per minute do not grow with the number
+        of objects: after the list, one watch request every `WATCH_SECONDS`."""
+        version = ""
+        current: dict[str, dict[str, Any]] = {}
+        while until is None or time.monotonic() < until:
+            if not version:
+                items, version = self.list_versioned(resource, selector=selector, name=name)
+                current = {_name(obj): obj for obj in items}
+                yield "SYNC", None, current
+            seconds = WATCH_SECONDS if until is None else min(WATCH_SECONDS, until - time.monotonic())
+            if seconds <= 0:
+                return
+            try:
+                for event in self.watch(resource, resource_version=version, selector=selector, name=name,
+                                        seconds=seconds):  # fmt: skip
+                    obj, change = event["object"], str(event.get("type"))
+                    version = _resource_version(obj) or version
+                    if change == "BOOKMARK":
+                        continue
+                    if change == "DELETED":
+                        current.pop(_name(obj), None)
+                    else:
+                        current[_name(obj)] = obj
+                    yield change, obj, current
+            except Expired:
+                version = ""  # list again
 
     def patch(self, resource: Resource, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch of one custom object (orch adds ownerReferences this way)."""
@@ -560,9 +684,21 @@ class Cluster:
             return NotFound(f"{what} not found {where}")
         if e.status == 409:
             return AlreadyExists(f"{what} already exists {where}")
+        if e.status == 410:
+            return Expired(f"{verb} {what} {where}: {said}")
         return ClusterError(
             f"{verb} {what} {where} failed: HTTP {e.status} {self._scrub(str(e.reason))}: {said}"
         )
+
+
+def _name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _resource_version(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
 
 
 def _reason(e: Exception) -> str:

@@ -35,12 +35,18 @@ class Target:
     request_timeout: float | None = None  # seconds; None: $ORCH_REQUEST_TIMEOUT or the default
 
 
+CONNECTION_POOL = 128
+
+
 def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
     """A `Cluster` for `target`: kubeconfig like kubectl, namespace -n > job's > context's > default."""
     from kubernetes import client, config
 
     path = _kubeconfig_path(target.kubeconfig)
     configuration = client.Configuration()
+    # Connections kept for reuse: the client's default (5 per CPU) is below what `orch logs -f` holds open
+    # (its streams + 2 watches); each one over it would be closed with a warning on stderr.
+    configuration.connection_pool_maxsize = CONNECTION_POOL
     secrets: list[str] = []
     if path is None:
         if target.context:

@@ -59,3 +59,8 @@ class Interrupted(ClusterError):
     def __init__(self, message: str, *, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+class Expired(ClusterError):
+    """410 Gone: the resourceVersion (of a watch, or a list's continue token) is older than the server keeps;
+    list again."""

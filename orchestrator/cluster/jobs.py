@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator import naming, status
 from orchestrator.cluster.apis import JobAPI, all_apis
-from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
 from orchestrator.cluster.resources import EVENT, POD
 
@@ -115,22 +115,24 @@ def wait_for(
     timeout: float | None = None,
     on_phase: Callable[[str], None] = lambda phase: None,
 ) -> Job | None:
-    """Poll the job until it Succeeded or Failed; returns it, or None if `timeout` seconds passed first."""
+    """Watch the job until it Succeeded or Failed; returns it, or None if `timeout` seconds passed first.
+
+    One watch of the job (resumed from its resourceVersion, listed again on 410 Gone): the requests do not
+    grow with the job's pods or with how long it runs (one every `WATCH_SECONDS`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = None
     job = locate(cluster, name)
     with cluster.patiently():
-        while True:
+        for _, _, current in cluster.observe(job.api.resource, name=name, until=deadline):
+            if name not in current:
+                raise NotFound(f"job {name} was deleted")
+            job = Job(job.api, current[name])
             if job.phase != seen:
                 on_phase(job.phase)
                 seen = job.phase
             if job.phase in status.FINISHED:
                 return job
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            time.sleep(poll_seconds() if remaining is None else min(poll_seconds(), remaining))
-            job = refresh(cluster, job)
+    return None
 
 
 def delete_job(cluster: Cluster, name: str, *, wait: bool = False, timeout: float = 600) -> Job:
@@ -192,8 +194,8 @@ def delete(cluster: Cluster, api: JobAPI, name: str, *, wait: bool = False, time
     if not wait:
         return
     deadline = time.monotonic() + timeout
-    with cluster.patiently():
-        while cluster.find(api.resource, name) is not None:
-            if time.monotonic() > deadline:
-                raise ClusterError(f"job {name} was still being deleted after {timeout:.0f}s")
-            time.sleep(poll_seconds())
+    with cluster.patiently():  # watched, not polled: the next change after the list says it is gone
+        for _, _, current in cluster.observe(api.resource, name=name, until=deadline):
+            if name not in current:
+                return
+    raise ClusterError(f"job {name} was still being deleted after {timeout:.0f}s")

@@ -308,6 +308,17 @@ def list_jobs(
         click.echo(job_state.format_list(rows, wide=output == "wide", all_namespaces=all_namespaces))
 
 
+def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> frozenset[int] | None:
+    from orchestrator.cluster.logs import parse_ranks
+
+    if value is None:
+        return None
+    try:
+        return parse_ranks(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+
+
 @click.command()
 @click.argument("name")
 @cluster_options
@@ -315,9 +326,16 @@ def list_jobs(
     "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too)."
 )
 @click.option("--rank", type=click.IntRange(min=0), help="Only the pod of this node rank (0 = master-0).")
+@click.option(
+    "--ranks", callback=_ranks, metavar="RANKS", help="Only these node ranks, e.g. 0-63 or 0,5,9-12."
+)
+@click.option("--all", "every", is_flag=True, help="Every pod (the default on jobs of more than 8 pods is "
+              "rank 0 and the pods that failed or restarted).")  # fmt: skip
 @click.option("--pod", help="Only this pod.")
 @click.option("--tail", type=click.IntRange(min=0), help="Lines to show from the end of each log.")
 @click.option("--since", type=DURATION, help="Only lines newer than this, e.g. 10m or 2h.")
+@click.option("--max-log-requests", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Log streams open at once; with -f, pods beyond it are not followed (orch says which).")  # fmt: skip
 def logs(
     name: str,
     kubeconfig: str | None,
@@ -325,25 +343,31 @@ def logs(
     namespace: str | None,
     follow: bool,
     rank: int | None,
+    ranks: frozenset[int] | None,
+    every: bool,
     pod: str | None,
     tail: int | None,
     since: int | None,
+    max_log_requests: int,
 ) -> None:
-    """Print the `pytorch` container log of every pod, each line prefixed with [master-0]/[worker-N].
+    """Print the training container's log of a job's pods, each line prefixed with [master-0]/[worker-N].
 
-    With -f, lines of all pods are merged as they arrive, pods still pending are waited for, restarted
-    containers are picked up, and the command returns when the job has finished.
+    A job of up to 8 pods shows every pod; a bigger one shows rank 0 and every pod that failed, restarted
+    or ended in error, and says how to get the rest (--all, --ranks). With -f, lines are merged as they
+    arrive, pods still pending are waited for, restarted containers are picked up, and the command returns
+    when the job has finished.
 
     \b
     Example:
       orch logs digits-ddp -f
       orch logs digits-ddp --rank 0 --tail 100
+      orch logs big-job --ranks 0-63 --max-log-requests 64 -f
       orch logs digits-ddp --since 10m | grep loss
     """
     from orchestrator import cluster
 
-    if rank is not None and pod is not None:
-        raise UsageError("--rank and --pod select the same thing; use one of them")
+    if sum(x is not None and x is not False for x in (rank, pod, ranks, every or None)) > 1:
+        raise UsageError("--rank, --ranks, --all and --pod select the same thing; use one of them")
     cluster.stream_logs(
         _connect(kubeconfig, context, namespace),
         name,
@@ -352,8 +376,11 @@ def logs(
         follow=follow,
         rank=rank,
         pod=pod,
+        ranks=ranks,
+        every=every,
         tail=tail,
         since_seconds=since,
+        max_requests=max_log_requests,
     )
 
 

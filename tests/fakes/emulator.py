@@ -15,6 +15,9 @@ timeouts, `/version/`, discovery. On top of that it emulates, because nothing he
   field with the API server's strict-decoding error, the default (Warn) drops it with a Warning header;
 - admission webhooks (`webhooks`), called on create after the above, e.g. `runtime_webhook`: the Trainer's and
   Kueue's TrainJob webhooks, which look the runtime up in a lagging informer cache.
+- watches and paged lists as the API server serves them (`tests.fakes.history`): a resourceVersion for
+  every change, a watch resumed from one, 410 Gone when it was compacted, `limit`/`continue` pages cut
+  from one snapshot, bookmarks at a watch's end when asked for.
 It touches kmock internals, hence the pin kmock==0.8 in pyproject.toml. `serve()` runs it on its own thread
 and yields a `tests.fakes.kube.Kube`, the test's handle on it.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import itertools
+import json
 import re
 import threading
 import time
@@ -34,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.fakes.history import Expired, History, Recorders
 
 if TYPE_CHECKING:
     from tests.fakes.kube import Kube
@@ -52,8 +57,6 @@ CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 
-_resource_versions = itertools.count(1000)
-
 
 def now_stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -64,6 +67,16 @@ def _rfc3339nano(seconds: float) -> str:
     whole = datetime.datetime.fromtimestamp(int(seconds), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     nanos = f"{round((seconds % 1) * 1e9):09d}".rstrip("0")
     return f"{whole}.{nanos}Z" if nanos else f"{whole}Z"
+
+
+def _matches(obj: dict[str, Any], params: Any) -> bool:
+    """Whether a list or watch request's labelSelector and fieldSelector (metadata.name/namespace) select obj."""
+    meta = obj.get("metadata") or {}
+    for term in filter(None, (params.get("fieldSelector") or "").split(",")):
+        field_name, _, value = term.replace("==", "=").partition("=")
+        if field_name in ("metadata.name", "metadata.namespace") and meta.get(field_name[9:]) != value:
+            return False
+    return _match_labels(obj, params.get("labelSelector"))
 
 
 def _match_labels(obj: dict[str, Any], selector: str | None) -> bool:  # k=v, k==v, k!=v, k, !k
@@ -200,6 +213,13 @@ class RealisticK8s(kmock.KubernetesEmulator):
         self.faults: list[Fault] = []
         self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (ns, pod) -> one per container instance
         self.released = asyncio.Event()  # set when the server stops: hung requests end
+        self.history = History()
+        self.bookmarks = True  # servers may send none: a test turns them off to see clients cope
+        self.log_streams, self.log_streams_peak = (
+            0,
+            0,
+        )  # log requests being answered now, and the most at once
+        self._buses = Recorders(self.history)  # every change kmock announces gets its resourceVersion
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         import aiohttp.web
@@ -291,6 +311,8 @@ class RealisticK8s(kmock.KubernetesEmulator):
                 return await self._render_error(e)
         if request.resource is not None and request.subresource == "log":
             return await self._serve_log(request)
+        if request.resource is not None and request.action == enums.action.WATCH:
+            return await self._serve_watch_stream(request)
         if request.resource is not None and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if request.action == enums.action.CREATE:
@@ -302,8 +324,6 @@ class RealisticK8s(kmock.KubernetesEmulator):
                     if key in self.objects and not self.objects[key].deleted:
                         return await self._render_error(k8s.KubernetesObjectConflictError())
                     return kmock_json(request.data, status=201)
-            if request.action in (enums.action.CREATE, enums.action.UPDATE):
-                meta["resourceVersion"] = str(next(_resource_versions))
         owner_uid = None
         if request.action == enums.action.DELETE and request.name is not None:
             key = (request.resource, request.namespace, request.name)
@@ -376,29 +396,88 @@ class RealisticK8s(kmock.KubernetesEmulator):
         return kmock.Response(status=201, payload=await super()._serve_create(request))
 
     async def _serve_list(self, request):  # type: ignore[no-untyped-def]
-        result, resource = await super()._serve_list(request), request.resource
+        result, resource, params = await super()._serve_list(request), request.resource, request.params
         info = self.resources.get(resource)
         result["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
         result["kind"] = ((info and info.kind) or resource.plural.capitalize()) + "List"
-        if selector := request.params.get("labelSelector"):
-            result["items"] = [o for o in result["items"] if _match_labels(o, selector)]
+        items = [o for o in result["items"] if _matches(o, params)]
+        limit = int(params["limit"]) if params.get("limit") else None
+        try:
+            result["items"], result["metadata"] = self.history.page(
+                items, limit=limit, token=params.get("continue")
+            )
+        except Expired as e:
+            raise k8s.KubernetesError(status=410, reason="Expired", message=str(e)) from None
+        except ValueError as e:
+            raise k8s.KubernetesError(status=400, reason="BadRequest", message=str(e)) from None
         return result
 
-    async def _serve_watch(self, request):  # type: ignore[no-untyped-def]
-        stream, timeout = super()._serve_watch(request), request.params.get("timeoutSeconds")
-        deadline = asyncio.get_running_loop().time() + float(timeout) if timeout else None
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    item = await anext(stream)
-            except (TimeoutError, StopAsyncIteration):
-                break
-            yield item
-        await stream.aclose()
+    async def _serve_watch_stream(self, request):  # type: ignore[no-untyped-def]
+        """A watch: newline-separated JSON events. From `resourceVersion` N: every change after N; unset or
+        "0": the current objects as ADDED, then every change. Ends after `timeoutSeconds` (a BOOKMARK with
+        the latest resourceVersion first, if `allowWatchBookmarks`), or with an ERROR event (410) if N was
+        compacted away."""
+        import aiohttp.web
+
+        params, loop = request.params, asyncio.get_running_loop()
+        deadline = loop.time() + float(params.get("timeoutSeconds") or 1800)
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+
+        def wanted(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            return (
+                request.namespace in (None, meta.get("namespace"))
+                and request.name in (None, meta.get("name"))
+                and _matches(obj, params)
+            )
+
+        async def send(event: dict[str, Any]) -> None:
+            await response.write(json.dumps(event).encode() + b"\n")
+
+        try:
+            version_asked = params.get("resourceVersion") or "0"
+            if version_asked == "0":
+                async with self._lock:
+                    version = self.history.current
+                    current = [
+                        o.raw
+                        for (r, _, _), o in self.objects.items()
+                        if r == request.resource and not o.deleted and wanted(o.raw)
+                    ]
+                for obj in current:
+                    await send({"type": "ADDED", "object": obj})
+            else:
+                version = int(version_asked)
+            while not self.released.is_set():
+                try:
+                    events = self.history.since(request.resource, version)
+                except Expired as e:
+                    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                              "message": str(e), "reason": "Expired", "code": 410}  # fmt: skip
+                    await send({"type": "ERROR", "object": status})
+                    break
+                for event in events:
+                    if wanted(event.object):
+                        await send({"type": event.type, "object": event.object})
+                version = self.history.current
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    if params.get("allowWatchBookmarks") == "true" and self.bookmarks:
+                        kind = (self.resources.get(request.resource) or kmock.ResourceInfo()).kind
+                        bookmark = {"kind": kind, "metadata": {"resourceVersion": str(version)}}
+                        await send({"type": "BOOKMARK", "object": bookmark})
+                    break
+                async with self.history.changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.history.changed.wait(), min(remaining, 1.0))
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass  # the client went away
+        return response
 
     async def _serve_log(self, request):  # type: ignore[no-untyped-def]
         """The kubelet's container log, as the API server proxies it (text/plain, chunked when following)."""
-        import aiohttp.web
 
         params, key = request.params, (request.namespace, request.name)
         pod_key = (request.resource, request.namespace, request.name)
@@ -420,6 +499,16 @@ class RealisticK8s(kmock.KubernetesEmulator):
         if "sinceSeconds" in params:
             oldest = time.time() - int(params["sinceSeconds"])
             start = max(start, next((i for i, (t, _) in enumerate(log.lines) if t >= oldest), len(log.lines)))
+        self.log_streams += 1
+        self.log_streams_peak = max(self.log_streams_peak, self.log_streams)
+        try:
+            return await self._stream_log(request, log, start, follow, stamps)
+        finally:
+            self.log_streams -= 1
+
+    async def _stream_log(self, request, log, start, follow, stamps):  # type: ignore[no-untyped-def]
+        import aiohttp.web
+
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await response.prepare(request._raw_request)
         sent = start

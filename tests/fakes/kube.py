@@ -37,6 +37,9 @@ class Kube:
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
 
+    def _on_loop_async(self, fn):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(10)
+
     # --- objects
     def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         def read():  # type: ignore[no-untyped-def]
@@ -62,16 +65,42 @@ class Kube:
         obj["metadata"].setdefault("uid", str(uuid.uuid4()))
         obj["metadata"].setdefault("creationTimestamp", now_stamp())
 
-        def write():  # type: ignore[no-untyped-def]
-            self.emulator.objects[resource, namespace, obj["metadata"]["name"]] = obj
+        async def write():  # type: ignore[no-untyped-def]
+            key = (kmock.resource(resource), namespace, obj["metadata"]["name"])
+            change = (
+                "MODIFIED"
+                if key in self.emulator.objects and not self.emulator.objects[key].deleted
+                else "ADDED"
+            )
+            self.emulator.objects[key] = obj
+            await self._announce(key, change)
 
-        self._on_loop(write)
+        self._on_loop_async(write)
 
     def patch(self, resource: str, namespace: str, name: str, changes: dict[str, Any]) -> None:
-        self._on_loop(lambda: self.emulator.objects[resource, namespace, name].patch(changes))
+        async def write():  # type: ignore[no-untyped-def]
+            key = (kmock.resource(resource), namespace, name)
+            self.emulator.objects[key].patch(changes)
+            await self._announce(key, "MODIFIED")
+
+        self._on_loop_async(write)
 
     def delete(self, resource: str, namespace: str, name: str) -> None:
-        self._on_loop(lambda: self.emulator.objects[resource, namespace, name].delete())
+        async def write():  # type: ignore[no-untyped-def]
+            key = (kmock.resource(resource), namespace, name)
+            last = self.emulator.objects[key].raw
+            self.emulator.objects[key].delete()
+            await self.emulator.history.record(key[0], "DELETED", last)
+
+        self._on_loop_async(write)
+
+    async def _announce(self, key: tuple[Any, str, str], change: str) -> None:
+        """A change made behind the API's back (a controller's) is still seen by watches, as on a cluster."""
+        await self.emulator.history.record(key[0], change, self.emulator.objects[key].raw)
+
+    def compact(self) -> None:
+        """etcd compaction: watches from an earlier resourceVersion get 410 Gone and must list again."""
+        self._on_loop(self.emulator.history.compact)
 
     # --- what the API server enforces
 
