@@ -169,6 +169,7 @@ class Cluster:
         self._per_request = False  # inside patiently(): the deadline bounds each request, not all of them
         self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
         self._answered = False  # whether the server answered any request yet (a refusal then means a restart)
+        self._streams: set[Any] = set()  # open watch and followed-log responses (`close_streams`)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
@@ -188,6 +189,22 @@ class Cluster:
         finally:
             self._per_request = outer
             self.renew_deadline()
+
+    def close_streams(self) -> None:
+        """End every open watch and followed log now (their readers see the stream break off): a command
+        that is done must not leave threads blocked on sockets while the interpreter shuts down."""
+        for response in list(self._streams):
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    @contextlib.contextmanager
+    def _open(self, response: Any) -> Iterator[Any]:
+        self._streams.add(response)
+        try:
+            yield response
+        finally:
+            self._streams.discard(response)
+            response.release_conn()
 
     def kubectl(self, *args: str) -> str:
         """A kubectl command line for the user, aimed at this cluster and namespace."""
@@ -384,7 +401,6 @@ class Cluster:
     ) -> Iterator[dict[str, Any]]:
         """One watch request: the changes after `resource_version`, as {type, object} events, until the
         server ends it (after `seconds`). Raises `Expired` if that version is too old: list again."""
-        import urllib3
 
         options: dict[str, Any] = {
             "watch": True,
@@ -400,6 +416,12 @@ class Cluster:
             options["field_selector"] = f"metadata.name={name}"
         fn, args = self._list_call(resource, False)
         response = self._call("watch", resource, name, fn, *args, **options)
+        with self._open(response):
+            yield from self._events(response, resource, name)
+
+    def _events(self, response: Any, resource: Resource, name: str | None) -> Iterator[dict[str, Any]]:
+        import urllib3
+
         try:
             for line in _lines(response):
                 if not line.strip():
@@ -417,10 +439,8 @@ class Cluster:
                         raise Expired(f"watch {resource}: {message}")
                     raise ClusterError(f"watch {resource} failed: HTTP {status_obj.get('code')} {message}")
                 yield event
-        except urllib3.exceptions.HTTPError as e:
+        except (urllib3.exceptions.HTTPError, OSError) as e:
             raise ClusterUnreachable(self._scrub(f"the watch of {resource} broke off: {e}")) from e
-        finally:
-            response.release_conn()
 
     def observe(
         self,
@@ -502,14 +522,13 @@ class Cluster:
             options["_request_timeout"] = (CONNECT_TIMEOUT, FOLLOW_READ_TIMEOUT)
         fn = self.core.read_namespaced_pod_log
         response = self._call("get", POD_LOG, pod, fn, pod, self.namespace, **options)
-        try:
-            yield from _lines(response)
-        except urllib3.exceptions.HTTPError as e:
-            # A followed stream breaks when the container exits or the connection drops: the follower
-            # reads on from the last line it got, so the lines the server still has are not lost.
-            raise ClusterUnreachable(self._scrub(f"the log stream of pod {pod} broke off: {e}")) from e
-        finally:
-            response.release_conn()
+        with self._open(response):
+            try:
+                yield from _lines(response)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                # A followed stream breaks when the container exits or the connection drops: the follower
+                # reads on from the last line it got, so the lines the server still has are not lost.
+                raise ClusterUnreachable(self._scrub(f"the log stream of pod {pod} broke off: {e}")) from e
 
     # --- one request: retries, deadline, translation
 

@@ -224,6 +224,7 @@ class LogFollower:
         self.synced = False  # the first pod list arrived
         self.restarts: int | None = None  # whole-job restarts seen so far (None: not counted yet)
         self.stopped = threading.Event()
+        self.threads: list[threading.Thread] = []  # watches and readers, ended and joined at the end
 
     def run(self) -> jobs.Job | None:
         with self.cluster.patiently():  # waiting for the job: the deadline bounds each request alone
@@ -231,6 +232,9 @@ class LogFollower:
                 return self._run()
             finally:
                 self.stopped.set()
+                self.cluster.close_streams()
+                for thread in self.threads:
+                    thread.join(timeout=1.0)
 
     def _watch(self, what: str, stream: Iterator[tuple[str, dict[str, Any] | None, dict[str, Any]]]) -> None:
         try:
@@ -252,8 +256,7 @@ class LogFollower:
             ("job", self.cluster.observe(self.job.api.resource, name=self.job.name)),
             ("pods", self.cluster.observe(POD, selector=selector)),
         ):
-            threading.Thread(target=self._watch, args=(what, stream), name=f"orch-watch-{what}",
-                             daemon=True).start()  # fmt: skip
+            self._thread(self._watch, what, stream, name=f"orch-watch-{what}")
         next_tick = time.monotonic() + poll_seconds()
         while True:
             try:
@@ -387,10 +390,12 @@ class LogFollower:
             options.update(tail=self.tail, since_seconds=self.since_seconds)
         reader = _Reader(key=key, last_timestamp=resume_after)
         self.readers[pod.name] = reader
-        threading.Thread(
-            target=self._read, args=(reader, pod, options, resume_after), name=f"orch-logs-{pod.name}",
-            daemon=True,
-        ).start()  # fmt: skip
+        self._thread(self._read, reader, pod, options, resume_after, name=f"orch-logs-{pod.name}")
+
+    def _thread(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
 
     def _read(
         self, reader: _Reader, pod: status.PodSummary, options: dict[str, Any], resume_after: str
