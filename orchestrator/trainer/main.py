@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         local_rank=world.local_rank,
         node_rank=world.node_rank,
         device=str(world.device),
+        collective_timeout_seconds=cfg.collective_timeout,
     )
     # MLflow / TensorBoard on rank 0 (job.yaml's `tracking:`); a tracker that does nothing anywhere else.
     tracker = tracking.build(

@@ -22,11 +22,14 @@ import re
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
 
     from orchestrator.runtime_env import RuntimeEnv
     from orchestrator.trainer import gpu
@@ -212,48 +215,61 @@ class NullMetrics:
         pass
 
 
-class PrometheusMetrics(NullMetrics):
-    """Training series of one rank; on local rank 0 also the HTTP endpoint and the GPU sampler of the node."""
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Who this rank is, and how its series are written (what `build_metrics` reads from the environment)."""
 
-    def __init__(
-        self,
-        *,
-        job: str,
-        rank: int,
-        local_rank: int,
-        node_rank: int,
-        port: int,
-        device: str,
-        directory: Path,
-        gpu_sample_seconds: float,
-        peak_flops: float | None,
-        serve: bool,
-        addr: str,
-        gpu_reader=None,
-        gpu_devices=None,
-        sample_gpus: bool,
-        gpu_uuid: str | None = None,
-        device_name: str | None = None,
-    ) -> None:
+    job: str
+    rank: int
+    local_rank: int
+    node_rank: int
+    device: str
+    """torch device of this rank: "cuda:3", "cpu"."""
+    directory: Path
+    """The node's multiprocess directory: every rank's series files."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of the device, for MFU; None: no MFU (and a gauge that says so)."""
+    gpu_sample_seconds: float = 5.0
+    """How often CUDA memory counters are read (the GPU sampler has its own interval)."""
+    device_name: str | None = None
+    gpu_uuid: str | None = None
+    collective_timeout_seconds: float | None = None
+    """train.collective_timeout: exported so the hang alert can say when the job will fail by itself."""
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"job": self.job, "rank": str(self.rank), "local_rank": str(self.local_rank),
+                "node_rank": str(self.node_rank)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Local rank 0's HTTP endpoint: the registry it serves (every rank's files, and the GPU collector)."""
+
+    registry: CollectorRegistry
+    port: int
+    addr: str
+    gpu: GpuCollector | None = None
+
+
+class PrometheusMetrics(NullMetrics):
+    """Training series of one rank; with an `Endpoint` (local rank 0), also the node's HTTP endpoint."""
+
+    def __init__(self, config: MetricsConfig, *, endpoint: Endpoint | None = None) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self._device, self._directory = device, directory
-        self._cuda = device.startswith("cuda")
-        self._peak_flops = peak_flops
-        self._memory_every = gpu_sample_seconds
+        self._config = config
+        self._cuda = config.device.startswith("cuda")
         self._next_memory_read = 0.0
         self._retries_seen = self._ooms_seen = 0
         self._server: WSGIServer | None = None
-        self._gpu: GpuCollector | None = None
-        hostname = socket.gethostname()
+        self._gpu = endpoint.gpu if endpoint is not None else None
+        names, labels = tuple(config.labels), config.labels
 
-        names = ("job", "rank", "local_rank", "node_rank")
-        labels = dict(zip(names, (job, str(rank), str(local_rank), str(node_rank)), strict=True))
-
-        def gauge(name, doc):
+        def gauge(name: str, doc: str) -> Any:
             return Gauge(name, doc, names, registry=None, multiprocess_mode="livemostrecent").labels(**labels)
 
-        def counter(name, doc):
+        def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, names, registry=None).labels(**labels)
 
         # Every series this rank writes, bound to its labels once (a step only stores numbers).
@@ -273,6 +289,15 @@ class PrometheusMetrics(NullMetrics):
             registry=None,
             buckets=STEP_SECONDS_BUCKETS,
         ).labels(**labels)
+        # Stragglers: the ranks of a DDP/FSDP job wait for each other in the gradient reduction, so their step
+        # times are equal; what differs is how long each took to get there (data, forward, backward launch).
+        self._last_step_seconds = gauge(
+            "orch_train_last_step_seconds", "Wall time of the last optimizer step"
+        )
+        self._ready_seconds = gauge(
+            "orch_train_step_ready_seconds",
+            "Host time of the last step until this rank reached its gradient reduction (straggler signal)",
+        )
         self._data_wait = counter("orch_train_data_wait_seconds", "Time spent waiting for the data loader")
         self._last_step_time = gauge("orch_train_last_step_timestamp_seconds", "Unix time of the last step")
         self._loss_scale = gauge("orch_train_amp_loss_scale", "AMP (fp16) gradient scaler scale")
@@ -297,8 +322,15 @@ class PrometheusMetrics(NullMetrics):
             multiprocess_mode="livemostrecent",
         )
         self._labels = labels
-        if peak_flops:
-            gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(peak_flops)
+        if config.collective_timeout_seconds:
+            gauge(
+                "orch_train_collective_timeout_seconds",
+                "train.collective_timeout: a collective that waits this long fails the job",
+            ).set(config.collective_timeout_seconds)
+        if config.peak_flops:
+            gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(
+                config.peak_flops
+            )
         else:  # say so, rather than leave the MFU panel empty without a word
             Gauge(
                 "orch_train_peak_flops_unknown",
@@ -306,11 +338,11 @@ class PrometheusMetrics(NullMetrics):
                 [*names, "device_name"],
                 registry=None,
                 multiprocess_mode="livemostrecent",
-            ).labels(**labels, device_name=device_name or device).set(1)
-            if rank == 0 and self._cuda:  # a CPU has no peak by design: nothing to warn about
+            ).labels(**labels, device_name=config.device_name or config.device).set(1)
+            if config.rank == 0 and self._cuda:  # a CPU has no peak by design: nothing to warn about
                 log.warning(
                     "MFU off: no peak FLOP/s known for %s; set metrics.peak_tflops in job.yaml",
-                    device_name or device,
+                    config.device_name or config.device,
                 )
         if self._cuda:
             self._mem_allocated = gauge(
@@ -332,69 +364,32 @@ class PrometheusMetrics(NullMetrics):
             [*names, "hostname", "device", "gpu_uuid"],
             registry=None,
             multiprocess_mode="livemostrecent",
-        ).labels(**labels, hostname=hostname, device=device, gpu_uuid=gpu_uuid or "").set(1)
+        ).labels(
+            **labels, hostname=socket.gethostname(), device=config.device, gpu_uuid=config.gpu_uuid or ""
+        ).set(1)
+        # Restarts of this worker group by torchelastic (a whole-job restart by JobSet or the operator
+        # starts the count again: the dashboard counts those from the pods' restarts, see docs/metrics.md).
         self.set_restart_count(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+        if endpoint is not None:
+            self._serve(endpoint)
 
-        if serve:
-            self._serve(
-                port,
-                addr,
-                directory,
-                job=job,
-                node_rank=node_rank,
-                hostname=hostname,
-                gpu_sample_seconds=gpu_sample_seconds,
-                gpu_reader=gpu_reader,
-                gpu_devices=gpu_devices,
-                sample_gpus=sample_gpus,
-            )
+    def _serve(self, endpoint: Endpoint) -> None:
+        from prometheus_client import start_http_server
 
-    def _serve(
-        self,
-        port,
-        addr,
-        directory,
-        *,
-        job,
-        node_rank,
-        hostname,
-        gpu_sample_seconds,
-        gpu_reader,
-        gpu_devices,
-        sample_gpus,
-    ) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        registry = CollectorRegistry()
-        registry.register(_LiveFilesCollector(directory))
-        if sample_gpus:
-            from orchestrator.trainer import gpu
-
-            reader = gpu_reader if gpu_reader is not None else gpu.open_nvml_reader()
-            devices = list(gpu_devices or [])
-            if reader is not None and not devices:
-                try:
-                    devices = gpu.cuda_devices()
-                except Exception as error:
-                    log.warning("GPU metrics off: cannot list CUDA devices (%s)", error)
-            if reader is not None and devices:
-                self._gpu = gpu.GpuCollector(
-                    reader,
-                    devices,
-                    interval_seconds=gpu_sample_seconds,
-                    labels={"job": job, "node_rank": str(node_rank), "hostname": hostname},
-                )
-                self._gpu.start()
-                registry.register(self._gpu)
+        if self._gpu is not None:
+            self._gpu.start()
         try:
-            self._server, _ = start_http_server(port, addr=addr, registry=registry)
+            self._server, _ = start_http_server(endpoint.port, addr=endpoint.addr, registry=endpoint.registry)
         except OSError as error:
             log.warning(
-                "metrics endpoint off: cannot listen on %s:%d (%s); training goes on", addr, port, error
+                "metrics endpoint off: cannot listen on %s:%d (%s); training goes on",
+                endpoint.addr,
+                endpoint.port,
+                error,
             )
             return
         self.serving_port = self._server.server_port
-        log.info("serving metrics on http://%s:%d/metrics", addr, self.serving_port)
+        log.info("serving metrics on http://%s:%d/metrics", endpoint.addr, self.serving_port)
 
     def on_step(self, stats: StepStats) -> None:
         # Host-side numbers only: each line below stores a float into a memory-mapped file.
@@ -409,6 +404,8 @@ class PrometheusMetrics(NullMetrics):
             self._lr.set(stats.lr)
             self._grad_norm.set(stats.grad_norm)
             self._step_seconds.observe(stats.seconds)
+            self._last_step_seconds.set(stats.seconds)
+            self._ready_seconds.set(stats.ready_seconds)
             self._data_wait.inc(max(stats.data_wait_seconds, 0.0))
             self._last_step_time.set(time.time())
             if stats.loss_scale is not None:
@@ -417,8 +414,8 @@ class PrometheusMetrics(NullMetrics):
                 self._skipped.inc()
             if stats.work.flops:
                 self._flops.inc(stats.work.flops)
-                if self._peak_flops:
-                    self._mfu.set(mfu(stats.work.flops, stats.seconds, self._peak_flops))
+                if self._config.peak_flops:
+                    self._mfu.set(mfu(stats.work.flops, stats.seconds, self._config.peak_flops))
             if self._cuda and time.monotonic() >= self._next_memory_read:
                 self._read_cuda_memory()
         except Exception as error:  # never let a metric take the step down
@@ -429,8 +426,8 @@ class PrometheusMetrics(NullMetrics):
         # memory_stats() builds a large dict, so read it every gpu_sample_seconds, not every step.
         import torch
 
-        self._next_memory_read = time.monotonic() + self._memory_every
-        stats = torch.cuda.memory_stats(self._device)
+        self._next_memory_read = time.monotonic() + self._config.gpu_sample_seconds
+        stats = torch.cuda.memory_stats(self._config.device)
         self._mem_allocated.set(stats.get("allocated_bytes.all.current", 0))
         self._mem_reserved.set(stats.get("reserved_bytes.all.current", 0))
         self._mem_peak.set(stats.get("allocated_bytes.all.peak", 0))
@@ -464,9 +461,9 @@ class PrometheusMetrics(NullMetrics):
 
         if getattr(values.ValueClass, "_multiprocess", False):
             values.ValueClass.close_all_files()
-        prune_dead_files(self._directory, also_pid=os.getpid())
+        prune_dead_files(self._config.directory, also_pid=os.getpid())
         with contextlib.suppress(OSError):
-            self._directory.rmdir()
+            self._config.directory.rmdir()
 
 
 def _device_uuid(device: str) -> str:
@@ -492,8 +489,11 @@ def build_metrics(
     sample_gpus: bool | None = None,
     gpu_uuid: str | None = None,
     multiproc_dir: str | os.PathLike[str] | None = None,
+    collective_timeout_seconds: float | None = None,
 ) -> Meter:
-    """The trainer's metrics: a PrometheusMetrics when `runtime` names a port, else a NullMetrics.
+    """The trainer's metrics: a PrometheusMetrics when `runtime` names a port, else a NullMetrics. This is
+    where the parts are made and wired: the config, the multiprocess store, the registry local rank 0 serves
+    and its GPU collector.
 
     `gpu_reader` (a gpu.GpuReader) and `gpu_devices` (gpu.GpuDevice list) replace NVML and CUDA in tests;
     `sample_gpus` forces the GPU sampler on or off (default: on when `device` is CUDA); `gpu_uuid` overrides the
@@ -508,6 +508,8 @@ def build_metrics(
         )
         directory.mkdir(parents=True, exist_ok=True)
         prune_dead_files(directory, also_pid=os.getpid())
+        # prometheus-client chooses where values live once, at import, from $PROMETHEUS_MULTIPROC_DIR; the
+        # directory is known only now, so it is set here, once per process, before any metric exists.
         _use_multiprocess_values(directory)
         device_name = None
         if device.startswith("cuda"):
@@ -516,24 +518,53 @@ def build_metrics(
             device_name = torch.cuda.get_device_name(torch.device(device))
             if gpu_uuid is None:
                 gpu_uuid = _device_uuid(device)
-        return PrometheusMetrics(
-            job=job,
-            rank=rank,
-            local_rank=local_rank,
-            node_rank=node_rank,
-            port=port,
-            device=device,
-            directory=directory,
-            gpu_sample_seconds=runtime.gpu_sample_seconds,
-            peak_flops=peak_flops(peak_tflops=runtime.peak_tflops, device_name=device_name),
-            serve=local_rank == 0,
-            addr=runtime.metrics_addr,
-            gpu_reader=gpu_reader,
-            gpu_devices=gpu_devices,
-            sample_gpus=device.startswith("cuda") if sample_gpus is None else sample_gpus,
-            gpu_uuid=gpu_uuid,
-            device_name=device_name,
-        )
+        config = MetricsConfig(
+            job=job, rank=rank, local_rank=local_rank, node_rank=node_rank, device=device,
+            directory=directory, peak_flops=peak_flops(peak_tflops=runtime.peak_tflops, device_name=device_name),
+            gpu_sample_seconds=runtime.gpu_sample_seconds, device_name=device_name, gpu_uuid=gpu_uuid,
+            collective_timeout_seconds=collective_timeout_seconds,
+        )  # fmt: skip
+        endpoint = None
+        if local_rank == 0:
+            sample = device.startswith("cuda") if sample_gpus is None else sample_gpus
+            endpoint = node_endpoint(
+                config, port=port, addr=runtime.metrics_addr,
+                gpu=gpu_collector(config, runtime.gpu_sample_seconds, gpu_reader, gpu_devices) if sample else None,
+            )  # fmt: skip
+        return PrometheusMetrics(config, endpoint=endpoint)
     except Exception as error:  # metrics are optional: train without them rather than not at all
         log.warning("metrics off: %s", error)
         return NullMetrics()
+
+
+def node_endpoint(config: MetricsConfig, *, port: int, addr: str, gpu: GpuCollector | None) -> Endpoint:
+    """What local rank 0 serves: every rank's files of this node, merged on each scrape, and the GPUs."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    registry.register(_LiveFilesCollector(config.directory))
+    if gpu is not None:
+        registry.register(gpu)
+    return Endpoint(registry=registry, port=port, addr=addr, gpu=gpu)
+
+
+def gpu_collector(
+    config: MetricsConfig,
+    interval_seconds: float,
+    reader: gpu.GpuReader | None = None,
+    devices: list[gpu.GpuDevice] | None = None,
+) -> GpuCollector | None:
+    """The node's GPU sampler (NVML unless a reader is given), or None where there is nothing to read."""
+    from orchestrator.trainer import gpu
+
+    reader = reader if reader is not None else gpu.open_nvml_reader()
+    found = list(devices or [])
+    if reader is not None and not found:
+        try:
+            found = gpu.cuda_devices()
+        except Exception as error:
+            log.warning("GPU metrics off: cannot list CUDA devices (%s)", error)
+    if reader is None or not found:
+        return None
+    labels = {"job": config.job, "node_rank": str(config.node_rank), "hostname": socket.gethostname()}
+    return gpu.GpuCollector(reader, found, interval_seconds=interval_seconds, labels=labels)

@@ -60,6 +60,8 @@ class StepStats:
     samples_per_second: float | None = None
     """Global samples per second over the steps since the last log line."""
     eta_seconds: float | None = None
+    ready_seconds: float = 0.0
+    """Host time until this rank reached the step's gradient reduction (see step.StepResult)."""
 
 
 class Progress:
@@ -107,6 +109,7 @@ class Progress:
             grad_norm=result.grad_norm,
             seconds=seconds,
             data_wait_seconds=result.data_wait_seconds,
+            ready_seconds=result.ready_seconds,
             skipped=not result.updated,
             skipped_total=self.skipped_steps,
             work=self.work,

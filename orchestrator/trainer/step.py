@@ -27,6 +27,10 @@ class StepResult:
     updated: bool
     """False when the step was skipped: an fp16 overflow, or a non-finite gradient in fp32/bf16."""
     data_wait_seconds: float
+    ready_seconds: float = 0.0
+    """Host time from the step's start until this rank reached its gradient reduction (the last micro-step's
+    backward): the ranks wait for each other there, so this, not the step time, tells a straggler apart.
+    Host time: on a GPU it sees slow input, slow host code and contention, not a slow device."""
 
 
 def train_step(
@@ -42,7 +46,8 @@ def train_step(
     device: torch.device,
 ) -> StepResult:
     loss_sum = torch.zeros((), device=device)
-    data_wait = 0.0
+    data_wait = ready = 0.0
+    step_started = time.perf_counter()
     for micro_step in range(accumulation):
         started = time.perf_counter()
         inputs, targets = next(batches)
@@ -57,6 +62,8 @@ def train_step(
                 # Divided by the accumulation so the summed gradient is the mean over the global batch
                 # (DDP already averages over ranks).
                 loss = loss_fn(model(inputs), targets) / accumulation
+            if sync:
+                ready = time.perf_counter() - step_started
             # fp16: the scale stays constant over the micro-steps of one optimizer step.
             scaler.scale(loss).backward()
         loss_sum += loss.detach()
@@ -77,7 +84,9 @@ def train_step(
         optimizer.step()
     scaler.update()  # fp16: halves the scale after an overflow, grows it after enough good steps; no sync
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait)
+    return StepResult(
+        loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait, ready_seconds=ready
+    )
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

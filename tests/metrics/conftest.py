@@ -146,6 +146,7 @@ def concrete(expr: str, *, job: str = ".+", rate_interval: str = "5s") -> str:
     """A panel query as Grafana would send it with all variables on "All" (or one job)."""
     return (
         expr.replace("$__rate_interval", rate_interval)
+        .replace("$__range", "1h")
         .replace('"$namespace"', '".*"')
         .replace('"$job"', f'"{job}"')
         .replace('"$rank"', '".*"')

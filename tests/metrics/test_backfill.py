@@ -64,6 +64,7 @@ def openmetrics(end: int) -> str:
                 r,
                 lambda i, t, n=nan_end: "NaN" if n and i >= POINTS - 2 else 3.0 / (1 + i),
             )
+            add("orch_train_step_ready_seconds", "gauge", r, lambda i, t: 0.2)
             add("orch_train_learning_rate", "gauge", r, lambda i, t: 3e-4)
             add("orch_train_grad_norm", "gauge", r, lambda i, t: 1.0 + 0.01 * i)
             add("orch_train_amp_loss_scale", "gauge", r, lambda i, t: 65536.0)
@@ -154,7 +155,8 @@ def test_panel_has_data(backfilled, row, title, expr):
 EXPECTED_ALERTS = {  # alert -> label sets (subset) its expression returns at the end of the synthetic data
     "OrchGpuIdle": [{"job": "bf", "gpu": "1"}, {"job": "bf-stalled", "gpu": "1"}],
     "OrchTrainingStalled": [{"job": "bf-stalled"}],
-    "OrchNonFiniteLoss": [{"job": "bf", "rank": "0"}],
+    "OrchNonFiniteLoss": [{"job": "bf"}],  # one per job, not per rank
+    "OrchStraggler": [],  # the ranks reach the reduction together
     "OrchAmpSkippedSteps": [{"job": "bf"}],
     "OrchGpuMemoryNearlyFull": [{"job": "bf", "gpu": "0"}, {"job": "bf-stalled", "gpu": "0"}],
     "OrchInputBound": [{"job": "bf"}],

@@ -27,6 +27,7 @@ def test_expected_alerts():
     assert alerts == {
         "OrchGpuIdle",
         "OrchTrainingStalled",
+        "OrchStraggler",
         "OrchNonFiniteLoss",
         "OrchAmpSkippedSteps",
         "OrchGpuMemoryNearlyFull",
