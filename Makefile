@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
 
-.PHONY: install mlflow-server demo test lint bench gpu-check clean
+.PHONY: install mlflow-server demo test test-all lint bench gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -32,8 +32,18 @@ $(MLFLOW_VENV)/.installed:
 demo: install
 	$(BIN)/orch run examples/digits.yaml
 
-test: install mlflow-server
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# The tiers (docs/testing.md): tests/tiers.py marks every test that starts a process or server `slow` at collection.
+# `make test` is the fast tier (in-process tests plus one `smoke` test per path); `make test-all` runs everything
+# (what .ci/run calls). Both use every core: --dist loadgroup keeps the tests that share an expensive fixture (the
+# MLflow server, a module's training run) on one worker. PYTEST_ARGS adds to it, e.g. PYTEST_ARGS='tests/spec -x'.
+PYTEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
+test: install
+	$(PYTEST) -m "not slow or smoke" $(PYTEST_ARGS)
+
+test-all: install mlflow-server
+	$(PYTEST) $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check orchestrator tests benchmarks

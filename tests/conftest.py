@@ -7,6 +7,9 @@ import shutil
 
 import pytest
 
+# tests/tiers.py marks every test's tier (launch/slow/smoke) at collection and checks it while the test runs.
+pytest_plugins = ["tests.tiers", "pytester"]
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -19,6 +22,9 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+require_tool.starts_a_process = True  # type: ignore[attr-defined]  # tests/tiers.py: the test runs the tool
 
 
 @pytest.fixture(scope="session", autouse=True)

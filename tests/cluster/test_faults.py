@@ -232,6 +232,7 @@ def exec_kubeconfig(path, url, script):
     return path
 
 
+@pytest.mark.launch  # the kubernetes client runs the exec credential plugin (tests/tiers.py cannot see it)
 def test_failing_credential_plugin_stops_before_any_request(env, tmp_path):
     script = "import sys; sys.stderr.write('SSO session expired: run `corp-login`'); sys.exit(3)"
     kubeconfig = exec_kubeconfig(tmp_path / "kc", env.kube.url, script)
@@ -244,6 +245,7 @@ def test_failing_credential_plugin_stops_before_any_request(env, tmp_path):
     assert env.kube.requests() == []  # nothing went out without credentials
 
 
+@pytest.mark.launch  # the kubernetes client runs the exec credential plugin (tests/tiers.py cannot see it)
 def test_working_credential_plugin_token_is_sent(env, tmp_path):
     credential = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
@@ -257,6 +259,7 @@ def test_working_credential_plugin_token_is_sent(env, tmp_path):
     assert env.kube.requests()[0].headers["Authorization"] == "Bearer from-the-plugin"
 
 
+@pytest.mark.launch  # the kubernetes client runs the exec credential plugin (tests/tiers.py cannot see it)
 def test_secrets_never_appear_in_messages(env, tmp_path):
     """A password in the server URL and the token stay out of every message, even one the server echoes."""
     url = env.kube.url.replace("http://", "http://admin:hunter2@")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
 from orchestrator import loading, render
@@ -21,6 +22,7 @@ def rendered(job_file, namespace=NS):
     return objects
 
 
+@pytest.mark.smoke  # the fast tier's end-to-end submit of a PyTorchJob
 def test_submit_creates_owned_objects_status_list_delete(env, job_file):
     kube = env.kube
     result = env.orch("submit", str(job_file))

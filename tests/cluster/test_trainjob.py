@@ -204,6 +204,7 @@ def test_jobset_restart_is_followed_by_logs_and_counted_by_status(v2, tmp_path):
 # --- `orch submit` end to end: API discovery picks the API, render renders it ------------------------------
 
 
+@pytest.mark.smoke  # the fast tier's end-to-end submit of a TrainJob
 def test_submit_digits_on_a_trainer_v2_only_cluster_and_follow_it_to_the_end(v2):
     """The example job, unchanged, on a cluster with only Trainer v2: auto picks TrainJob; the rest follows."""
     from tests.spec.manifest_checks import cluster_errors

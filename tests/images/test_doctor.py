@@ -141,6 +141,7 @@ def test_nccl_env(env: dict[str, str], status: str) -> None:
 # --- gathering ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.launch  # doctor runs its torch probe in a Python subprocess (tests/tiers.py cannot see it)
 def test_torch_probe_reads_the_real_torch() -> None:
     import importlib.metadata
 
@@ -201,6 +202,7 @@ fi
 """
 
 
+@pytest.mark.launch  # doctor runs the nvidia-smi stand-in (tests/tiers.py cannot see it)
 def test_nvidia_smi_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
     (tmp_path / "nvidia-smi").chmod(0o755)

@@ -153,6 +153,7 @@ def test_fp16_overflow_is_skipped_and_counted(run_job, parallel):
     assert run.summary["loss_scale"] == 32768.0  # 2**16 halved once
 
 
+@pytest.mark.smoke  # the fast tier's end-to-end `orch run` (2 ranks)
 def test_training_job_output_layout_and_plain_log_lines(run_job, tmp_path, monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
