@@ -52,9 +52,14 @@ class RunFailed(OrchError):
 
 
 class RunInterrupted(OrchError):
-    """Ctrl-C (or SIGTERM): every rank was stopped."""
+    """Ctrl-C (or SIGTERM): every rank was stopped. `stopped_at`: the step whose checkpoint the ranks wrote
+    before they stopped (train.checkpoint.on_stop), None when they stopped without one."""
 
     exit_code = 130
+
+    def __init__(self, message: str, *, stopped_at: int | None = None) -> None:
+        super().__init__(message)
+        self.stopped_at = stopped_at
 
 
 @dataclass(frozen=True)
@@ -236,8 +241,9 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
 
     log_dir = local.output_dir / LOG_DIR
     log_dir.mkdir(exist_ok=True)
-    for old in log_dir.glob("rank-*.log"):  # a previous run in this directory (resuming): start afresh
-        old.unlink()
+    # A previous run in this directory (resuming) keeps its lines: logs and progress.jsonl grow by one
+    # header per run (and per restart) and the console shows only what this run adds.
+    started = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     env = dict(local.env)
     # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
     env.update({name: value for name, value in os.environ.items() if name in runtime_env.USER_OVERRIDES})
@@ -254,7 +260,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         config_file.write_text(runtime_env.train_json(local.train), encoding="utf-8")
         entrypoint, args = sys.executable, ["-m", TRAINER_MODULE, "--config", str(config_file.resolve())]
         progress_file = local.output_dir / "progress.jsonl"
-        progress_file.unlink(missing_ok=True)
+        with open(progress_file, "a") as events:
+            events.write(json.dumps({"event": "run", "started": started, "pid": os.getpid()}) + "\n")
         env[runtime_env.PROGRESS_FILE] = str(progress_file.resolve())
     else:
         assert local.command is not None
@@ -274,6 +281,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         max_restarts=local.max_restarts,
         monitor_interval=0.1,
         logs_specs=_RunLogs(log_dir),  # error files in OUT/logs, no torchelastic_* folder in /tmp
+        **_shutdown_timeout(local),
     )
     record = _register(local, metrics_url)
     try:
@@ -287,8 +295,15 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
             except ChildFailedError as error:
                 raise RunFailed(_failure_message(error, local, log_dir)) from None
             except (SignalException, KeyboardInterrupt):
+                stopped_at = _stopped_at(progress_file) if progress_file is not None else None
+                if stopped_at is None:
+                    raise RunInterrupted(
+                        f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)"
+                    ) from None
                 raise RunInterrupted(
-                    f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)"
+                    f"interrupted: all {local.world_size} processes stopped at step {stopped_at} after "
+                    f"writing a checkpoint (their output: {log_dir}/)",
+                    stopped_at=stopped_at,
                 ) from None
     finally:
         record.unlink(missing_ok=True)
@@ -298,6 +313,32 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
     summary_file = local.output_dir / "summary.json"
     return json.loads(summary_file.read_text()) if local.train is not None else None
+
+
+def _shutdown_timeout(local: LocalPlan) -> dict[str, Any]:
+    """How long the launcher waits, after forwarding a Ctrl-C or SIGTERM, for the ranks to write their stop
+    checkpoint before it SIGKILLs them: train.checkpoint.on_stop. LaunchConfig has the field from torch 2.12;
+    older releases keep their fixed 30 s."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    budget = local.train.checkpoint.on_stop if local.train is not None else 0
+    if not budget or "shutdown_timeout" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        return {}
+    return {"shutdown_timeout": budget}
+
+
+def _stopped_at(progress_file: Path) -> int | None:
+    """The step of this run's `stopped` event (the trainer's stop checkpoint), if it wrote one."""
+    step = None
+    with contextlib.suppress(OSError):
+        for line in progress_file.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "run":
+                    step = None  # an earlier run's stop does not count
+                elif event.get("event") == "stopped":
+                    step = int(event["step"])
+    return step
 
 
 WORKER_MODULE = "orchestrator.local_worker"
@@ -314,6 +355,10 @@ def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
         text = reason[0] + (f" (at {where})" if where else "")
     elif failure.exitcode < 0:
         text = f"killed by {_signal_name(-failure.exitcode)}"
+    elif (
+        failure.exitcode > 128
+    ):  # the trainer's stop on a signal (its checkpoint written), or a shell's report
+        text = f"stopped on {_signal_name(failure.exitcode - 128)}"
     else:
         text = "no error recorded"
     restarts = (
@@ -325,20 +370,27 @@ def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
 def _first_failure(error: Any) -> tuple[int, Any]:
     """The rank that failed first. A rank killed by a signal other than the agent's SIGTERM (SIGKILL, an
     OOM kill, a segfault) is taken as the cause; otherwise the earliest error file (torch's own choice
-    compares whole seconds, and the peers of a failed rank raise connection errors within milliseconds)."""
+    compares whole seconds, and the peers of a failed rank raise connection errors within milliseconds),
+    and a rank that failed on its own before one the launcher stopped (SIGTERM, or the trainer's 128+signal
+    exit after its stop checkpoint), which has no error file either."""
     failures = dict(error.failures)
-    killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode != signal.SIGTERM]
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode not in STOP_SIGNALS]
     if killed:
         return min(killed), failures[min(killed)]
 
-    def written(item: tuple[int, Any]) -> float:
+    def order(item: tuple[int, Any]) -> tuple[bool, float]:
+        exitcode = item[1].exitcode
+        stopped = -exitcode in STOP_SIGNALS or exitcode - 128 in STOP_SIGNALS
         try:
-            return os.stat(item[1].error_file).st_mtime_ns
+            return stopped, os.stat(item[1].error_file).st_mtime_ns
         except OSError:
-            return float("inf")
+            return stopped, float("inf")
 
-    recorded = sorted(failures.items(), key=written)
+    recorded = sorted(failures.items(), key=order)
     return recorded[0] if recorded else error.get_first_failure()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what the launcher sends the ranks it stops
 
 
 def _raised_at(callstack: str) -> str:
@@ -489,7 +541,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 @contextmanager
 def _launcher_log(path: Path) -> Iterator[None]:
     """torch's launcher and agent log to OUT/logs/launcher.log, not the console (one line is ours to print)."""
-    handler = logging.FileHandler(path, mode="w")
+    handler = logging.FileHandler(path, mode="a")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     loggers = [
         logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.launcher")
@@ -545,14 +597,15 @@ _BAR_SHOWS = re.compile(r"(step \d+/\d+  |eval at step \d+: |training |done: )")
 
 
 class _Console:
-    """Follows OUT/logs/rank-0.log (every attempt) and, with a bar, rank 0's progress events.
+    """Follows OUT/logs/rank-0.log (every attempt of this run) and, with a bar, rank 0's progress events.
 
     A Python traceback is left in the log: the run ends with one line naming the failure and the file.
     """
 
     def __init__(self, log: Path, events: Path | None, stream: TextIO, local: LocalPlan) -> None:
         self.log, self.events, self.stream, self.local = log, events, stream, local
-        self.positions = {log: 0, events: 0}
+        # an earlier run's lines (same --out) were shown then: follow from the current ends
+        self.positions = {path: _size(path) for path in (log, events)}
         self.pending = {log: "", events: ""}
         self.hiding_traceback = False
         self.bar = ""
@@ -614,6 +667,13 @@ class _Console:
             self.stream.write(f"\r\x1b[2K{line}\n{self.bar}")
         else:
             self.stream.write(line + "\n")
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
 
 
 def progress_text(event: dict[str, Any]) -> str:

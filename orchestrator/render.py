@@ -168,6 +168,7 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "replicas": _replicas(spec),
         "restart_policy": RESTART_POLICIES[spec.restart.policy or "on-failure"],
         "pod_security_context": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "termination_grace_seconds": termination_grace_seconds(spec),
         "container_security_context": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "service_account": spec.service_account,
         "priority_class": spec.scheduling.priority_class,
@@ -396,6 +397,7 @@ def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
     pod = {
         "restartPolicy": restart_policy,
         **_pod_fields(context),
+        **_grace(context),
         "containers": [
             {
                 "name": naming.TRAINJOB_CONTAINER_NAME,
@@ -448,6 +450,11 @@ def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         template["metadata"] = {"annotations": {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}}
     runtime["template"] = template
     return runtime
+
+
+def _grace(context: dict[str, Any]) -> dict[str, Any]:
+    grace = context["termination_grace_seconds"]
+    return {} if grace is None else {"terminationGracePeriodSeconds": grace}
 
 
 def _pod_fields(context: dict[str, Any]) -> dict[str, Any]:
@@ -527,6 +534,20 @@ def _runtime_patch(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
         "manager": naming.RUNTIME_PATCH_MANAGER,
         "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated_job]}}},
     }
+
+
+TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+STOP_MARGIN_SECONDS = 30  # past train.checkpoint.on_stop: torchrun's own exit, the tracking deadline
+
+
+def termination_grace_seconds(spec: JobSpec) -> int | None:
+    """The pods' terminationGracePeriodSeconds: long enough for the trainer's stop checkpoint after a
+    SIGTERM (train.checkpoint.on_stop) and torchrun's exit; None (Kubernetes' 30 s) for command jobs and
+    on_stop: false. Not rendered into a ClusterTrainingRuntime's runtimePatches (`runtime: NAME`): a patch
+    accepts the field only from Trainer v2.3, so that runtime's own pod template decides."""
+    if spec.train is None or not spec.train.checkpoint.on_stop:
+        return None
+    return spec.train.checkpoint.on_stop + STOP_MARGIN_SECONDS
 
 
 def train_json(spec: JobSpec) -> str | None:
@@ -635,6 +656,9 @@ def _env(spec: JobSpec, name: str, api: str = "pytorchjob") -> list[dict[str, An
     retry_limit = _retry_limit(spec, api)
     if retry_limit is not None:
         values[launch.ENV_RETRY_LIMIT] = str(retry_limit)
+    if spec.train is not None and spec.train.checkpoint.on_stop:
+        # torchrun's wait for its ranks' stop checkpoint before it SIGKILLs them (read from torch 2.12)
+        values[TORCHRUN_SHUTDOWN_TIMEOUT_ENV] = str(spec.train.checkpoint.on_stop)
     values.update(spec.env)
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in values.items() if k not in spec.secret_env

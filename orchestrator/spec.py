@@ -123,6 +123,16 @@ def _string_value(value: Any) -> Any:
     return value
 
 
+def _stop_budget(value: Any) -> int:
+    """train.checkpoint.on_stop: a duration, or false (stored as 0: no checkpoint on stop)."""
+    if value is False or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
+        return 0
+    try:
+        return parse_duration(value)
+    except ValueError as error:
+        raise ValueError(f"{error}, or false to stop without a checkpoint") from None
+
+
 # --- constrained types: use these for new fields, so every field of a kind obeys the same rule ---------------
 
 Quantity = Annotated[str, BeforeValidator(_quantity)]
@@ -229,6 +239,11 @@ class CheckpointSpec(Model):
     async_: bool = Field(False, alias="async")
     """Write in the background (torch.distributed.checkpoint.async_save): training waits only for the
     state to be copied in memory."""
+    on_stop: Annotated[int, BeforeValidator(_stop_budget)] = 120
+    """On SIGTERM (preemption, node drain, `kubectl delete`) or the first Ctrl-C of `orch run`: finish the
+    step, write a checkpoint and exit 128+signal (retryable), within this long: the pods'
+    terminationGracePeriodSeconds is this plus 30 s, and torchrun waits this long before it
+    kills its ranks. false (0 when read back): stop at once, losing the steps since the last checkpoint."""
 
 
 class FsdpSpec(Model):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -30,6 +32,8 @@ def run(
     train.batch_size samples. Writes summary.json, model.pt, checkpoints and every rank's output
     (logs/rank-N.log) to --out (default runs/NAME-TIMESTAMP/, a new one per run); rerunning with the same
     --out resumes from the last checkpoint, and a directory another live run holds is refused.
+    The first Ctrl-C (or SIGTERM) lets every rank finish its step and write a checkpoint
+    (train.checkpoint.on_stop), then prints the command that resumes; a second Ctrl-C stops at once.
     With `restart.policy: job` a failing rank restarts every rank, up to restart.max_restarts times.
     Metrics are served on 127.0.0.1 (another port when the job's is taken; ORCH_METRICS_ADDR to change).
 
@@ -45,7 +49,8 @@ def run(
     plan = local.plan(spec, procs=procs, steps=steps, output_dir=output_dir)
     what = (
         f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
-        f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, {plan.train.precision}"
+        f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, {plan.train.precision}, "
+        f"{plan.train.parallel}"
         if plan.train
         else " ".join(plan.command or [])
     )
@@ -55,11 +60,31 @@ def run(
         click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/")
         if spec.tracking.tensorboard:
             click.echo(f"tensorboard --logdir {claimed.output_dir / TENSORBOARD_SUBDIR}")
-        summary = local.run(claimed, progress_bar=sys.stdout.isatty())
+        try:
+            summary = local.run(claimed, progress_bar=sys.stdout.isatty())
+        except local.RunInterrupted as stopped:
+            if stopped.stopped_at is None:
+                raise
+            again = resume_command(job_file, overrides, procs, steps, claimed.output_dir)
+            raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
     if summary is not None:
         click.echo(format_summary(summary))
         if (spec.tracking.tensorboard or spec.tracking.mlflow) and (links := read_links(claimed.output_dir)):
             click.echo(format_links(links))
+
+
+def resume_command(
+    job_file: str, overrides: tuple[str, ...], procs: int | None, steps: int | None, output_dir: Path
+) -> str:
+    """The `orch run` line that continues this run from its checkpoint: same job, settings and --out."""
+    argv = ["orch", "run", job_file]
+    for override in overrides:
+        argv += ["--set", override]
+    if procs is not None:
+        argv += ["--procs", str(procs)]
+    if steps is not None:
+        argv += ["--steps", str(steps)]
+    return shlex.join([*argv, "--out", str(output_dir)])
 
 
 def format_links(links: dict[str, str]) -> str:

@@ -129,7 +129,7 @@ def summary(spec: JobSpec) -> list[str]:
         length = f"max_steps {train.max_steps}" if train.max_steps else f"epochs {train.epochs or 1}"
         lines.append(
             f"train: task {train.task}, batch {train.batch_size} = micro {micro} x world {spec.world_size} "
-            f"x accumulation {accumulation}, {train.precision}, {length}"
+            f"x accumulation {accumulation}, {train.precision}, {train.parallel}, {length}"
         )
     else:
         lines.append(f"command: {shlex.join(spec.command or [])}")  # the spec requires train or command

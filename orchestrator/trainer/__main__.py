@@ -10,7 +10,7 @@ from orchestrator.trainer.main import main
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
 try:
-    record(main)()
+    code = record(main)()  # 0, or 128+signal after a stop that wrote its checkpoint (trainer/stop.py)
 except TorchTooOld as error:  # one line, not a traceback: the fix is the image, not the code
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(2)
@@ -22,4 +22,4 @@ except TorchTooOld as error:  # one line, not a traceback: the fix is the image,
 # fix and was abandoned as harder than it looks). The cost: atexit handlers of user tasks do not run.
 sys.stdout.flush()
 sys.stderr.flush()
-os._exit(0)
+os._exit(code or 0)

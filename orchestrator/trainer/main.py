@@ -4,6 +4,7 @@
 
 Reads top to bottom: config -> process group -> task, model, optimizer, schedule, precision, metrics,
 checkpoints -> resume -> loop -> final checkpoint, evaluation, summary.json and model.pt -> close.
+A SIGTERM or first Ctrl-C ends the loop early with a checkpoint; `main` then returns 128+signal (stop.py).
 The config is the `train:` section of job.yaml as JSON; the launcher's runtime facts come from the ORCH_*
 environment (orchestrator/runtime_env.py, read once here) and the process's place from torchrun's (dist.py).
 """
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.metrics import Meter
     from orchestrator.trainer.report import Reporter
+    from orchestrator.trainer.stop import StopRequest
     from orchestrator.trainer.tracking import NullTracker
 
 
@@ -42,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Train; the process's exit code: 0, or 128+signal after a stop on SIGTERM/SIGINT (checkpoint written)."""
     started = time.perf_counter()
     # --- config: train.json and the launcher's ORCH_* environment ------------------------------------
     cfg = runtime_env.load_train_json(Path(parse_args(argv).config).read_text(encoding="utf-8"))
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (CUDA docs)
 
-    from orchestrator.trainer import compat, dist, metrics, report, tracking
+    from orchestrator.trainer import compat, dist, metrics, report, stop, tracking
 
     torch_version = compat.check_torch()  # one line and exit, before anything else, on a torch too old
 
@@ -79,17 +82,25 @@ def main(argv: list[str] | None = None) -> None:
         output_dir=Path(runtime.output_dir),
     )
     tracker.log_params(tracking.job_params(cfg.model_dump(mode="json"), world, runtime.tracking))
+    # SIGTERM (preemption, drain, delete) or the first Ctrl-C: the loop finishes its step, checkpoints and
+    # returns; the handlers are installed for the whole run so a signal during setup is not lost.
+    stop_request = stop.StopRequest(
+        device=world.device, world_size=world.world_size, enabled=cfg.checkpoint.on_stop > 0
+    )
+    stop_request.install()
     failed = True
     try:
         # The training body is its own function so that the model, DDP's reducer and their references to
         # the process group are gone before it is destroyed (a gloo group freed later can abort the process).
-        train(cfg, runtime, world, reporter, meter, tracker, started=started)
-        failed = False
+        stopped_by = train(cfg, runtime, world, reporter, meter, tracker, stop_request, started=started)
+        failed = stopped_by != 0  # a stopped run is unfinished: its MLflow run continues on resume
     finally:
+        stop_request.restore()  # what is left (closing, tracking's deadline) a signal may cut short
         tracking.finish(tracker, Path(runtime.output_dir), failed=failed)  # what was not sent is said here
         reporter.close()
         meter.close()
         dist.close()
+    return stop.exit_code(stopped_by) if stopped_by else 0
 
 
 def train(
@@ -99,15 +110,17 @@ def train(
     reporter: Reporter,
     meter: Meter,
     tracker: NullTracker,
+    stop_request: StopRequest,
     *,
     started: float,
-) -> None:
-    """Build everything, resume, run the loop, write the results. Collective: every rank calls it."""
+) -> int:
+    """Build everything, resume, run the loop, write the results. Collective: every rank calls it.
+    Returns 0, or the signal that stopped the loop early (after writing a checkpoint)."""
     import torch
 
     from orchestrator.trainer import checkpoint, data, parallel, precision, report, tracking
     from orchestrator.trainer.evaluate import evaluate
-    from orchestrator.trainer.schedule import Scheduler
+    from orchestrator.trainer.schedule import Scheduler, lr_at
     from orchestrator.trainer.step import train_step
     from orchestrator.trainer.tasks import build_task
 
@@ -154,7 +167,7 @@ def train(
     # Every rank reads its own part of the newest complete checkpoint (model and optimizer loaded here).
     resumed = checkpoints.load(module=module, optimizer=optimizer)
     if resumed is not None:
-        scheduler.load_state_dict(resumed.state["scheduler"])
+        stretched = scheduler.load_state_dict(resumed.state["scheduler"])
         scaler.load_state_dict(resumed.state["scaler"])
         counters = resumed.state["counters"]
         step = resumed_from = resumed.step
@@ -164,6 +177,10 @@ def train(
         layout = dataclasses.replace(layout, order=resumed.state.get("data_order", data.ORDER_RANDPERM))
         if layout.order != data.ORDER_FEISTEL:
             reporter.say(f"this run keeps the sample order of the version that started it ({layout.order})")
+        if stretched:
+            old_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, resumed.state["scheduler"]["max_steps"])
+            new_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, max_steps)
+            reporter.say(f"note: {stretched}; learning rate at step {step}: {old_lr:.3g} -> {new_lr:.3g}")
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
     # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
@@ -213,7 +230,8 @@ def train(
 
     reporter.say(
         f"training {cfg.task} for {max_steps} steps: world {world.world_size} x micro-batch {micro} x "
-        f"accumulation {layout.accumulation} = batch {cfg.batch_size}, {cfg.precision}, {world.device.type}"
+        f"accumulation {layout.accumulation} = batch {cfg.batch_size}, {cfg.precision}, {cfg.parallel}, "
+        f"{world.device.type}"
         + (f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}" if fused and cfg.optimizer.name != "sgd" else "")
         + (", torch.compile" if cfg.compile else "")
     )
@@ -234,6 +252,8 @@ def train(
         )  # fmt: skip
         stats = progress.record(result, lr=lr, seconds=time.perf_counter() - step_started)
         step = stats.step
+        # every rank, every step, the same answer (one small all-reduce); the last step just finishes
+        stopping = stop_request.agreed() if step < max_steps else 0
         if stats.skipped and not scaler.is_enabled() and cfg.nonfinite_loss == "stop":
             raise NonFiniteLoss(
                 f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
@@ -249,7 +269,7 @@ def train(
             tracker.log_metrics(step, tracking.prefixed("train", {**logged, **extra}))
         meter.on_step(stats)
 
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps:
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps and not stopping:
             results = run_eval(step)
             reporter.evaluation(step=step, results=results)
             # plateau watches the eval loss, or the training loss when the task has no eval set
@@ -257,8 +277,16 @@ def train(
             if watched is not None and scheduler.observe_loss(watched):
                 reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
         checkpoints.poll()  # async saves: a finished write is put in place
-        if checkpoints.due(step) and step < max_steps:
+        if (checkpoints.due(step) or stopping) and step < max_steps:
             save_checkpoint()
+        if stopping:
+            checkpoints.close()  # async: the stop checkpoint is on disk and in place before the exit
+            name = signal_name(stopping)
+            reporter.say(
+                f"stopped by {name} at step {step}/{max_steps}: checkpoint written, resume to continue"
+            )
+            reporter.event("stopped", step=step, max_steps=max_steps, signal=name)
+            return stopping
 
     # --- the end: final checkpoint, evaluation, summary, model ------------------------------------
     if resumed_from != max_steps and runtime.final_save:
@@ -287,6 +315,13 @@ def train(
         reporter.done(summary, summary_file=output_dir / "summary.json")
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()
+    return 0
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    return signal.Signals(number).name
 
 
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}

@@ -77,7 +77,25 @@ class Scheduler:
         return self.cfg.name == "plateau" and self.plateau.observe(loss)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"plateau": asdict(self.plateau)}
+        return {"plateau": asdict(self.plateau), "max_steps": self.max_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
+        """Restore the plateau state; returns what changed when the checkpoint's run had another length."""
         self.plateau = Plateau(**state["plateau"])
+        saved = state.get("max_steps")  # absent in checkpoints of earlier versions
+        return None if saved is None else stretched(self.cfg, self.base_lr, self.max_steps, saved)
+
+
+# The schedules whose rate at a step depends on max_steps: a longer (or shorter) run reshapes them.
+DECAYS_OVER_MAX_STEPS = ("linear", "cosine")
+
+
+def stretched(cfg: Any, base_lr: float, max_steps: int, saved_max_steps: int) -> str | None:
+    """The line a resume prints when train.max_steps differs from the checkpoint's run and the schedule
+    decays over it: the schedule is recomputed for the new length (the rate jumps), not kept as it was."""
+    if cfg.name not in DECAYS_OVER_MAX_STEPS or saved_max_steps == max_steps:
+        return None
+    return (
+        f"the {cfg.name} schedule now decays over {max_steps} steps, not the {saved_max_steps} of the run that "
+        f"wrote the checkpoint (train.max_steps or --steps changed): the rate is recomputed for the new length"
+    )

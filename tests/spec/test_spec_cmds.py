@@ -56,7 +56,7 @@ def test_validate_summarises_the_batch_arithmetic():
     assert result.stdout.splitlines() == [
         f"OK {EXAMPLES / 'gpt-multinode.yaml'}: gpt-pretrain",
         "  nodes 4 x 8 processes = world size 32 (8 GPUs per node)",
-        "  train: task gpt, batch 512 = micro 8 x world 32 x accumulation 2, bf16, max_steps 600000",
+        "  train: task gpt, batch 512 = micro 8 x world 32 x accumulation 2, bf16, ddp, max_steps 600000",
         "  restart: the whole job together on any failure, at most 10 times",
         "  image: ghcr.io/acme/orch-trainer:0.1.0-cuda12.4",
     ]

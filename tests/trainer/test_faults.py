@@ -4,6 +4,7 @@ launcher itself killed. Real processes, real signals."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -218,20 +219,15 @@ def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, referenc
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_stops_every_rank(tmp_path, sig):
+def test_ctrl_c_without_on_stop_stops_every_rank_at_once(tmp_path, sig):
     out = tmp_path / "out"
-    spec = job("interrupt", max_steps=100000, task_args={"samples": 256, "sample_delay": 0.002})
-    process = subprocess.Popen(
-        [*ORCH, "run", str(write_job(tmp_path, spec)), "--out", str(out), "--procs", "2"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    spec = job("interrupt", max_steps=100000, task_args={"samples": 256, "sample_delay": 0.002},
+               checkpoint={"on_stop": False})  # fmt: skip
+    process = start(write_job(tmp_path, spec), out, "--procs", "2")
     wait_for(lambda: len(worker_pids(out)) == 2, what="both ranks")
     pids = worker_pids(out)
     progress = out / "progress.jsonl"
-    wait_for(lambda: progress.exists() and progress.stat().st_size > 0, what="the first steps")  # in the loop
+    wait_for(lambda: steps_logged(progress) > 0, what="the first steps")  # in the loop
     process.send_signal(sig)  # SIGINT: what Ctrl-C sends to the launcher
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
@@ -240,8 +236,107 @@ def test_ctrl_c_stops_every_rank(tmp_path, sig):
         f"error: interrupted: stopped all 2 processes (their output: {out}/logs/)"
     ]
     assert "Traceback" not in stdout
+    assert list((out / "checkpoints").glob("step-*")) == []
     for pid in pids.values():
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        assert not alive(pid)
+
+
+def steps_logged(progress: Path) -> int:
+    """The newest step rank 0 logged to progress.jsonl (0 before the first)."""
+    if not progress.exists():
+        return 0
+    steps = [
+        json.loads(line).get("step", 0) for line in progress.read_text().splitlines() if '"step"' in line
+    ]
+    return max(steps, default=0)
+
+
+def stop_job(name: str, **extra) -> Run:
+    """The reference's training (2 ranks, same data and optimizer) with no interval checkpoint in its 30
+    steps: whatever checkpoint exists was written by the stop."""
+    spec = restart_job(name, sample_delay=0.03, **extra)
+    spec["train"]["checkpoint"] = {"every_steps": 1000, "keep": 5}
+    return spec
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_signal_mid_interval_checkpoints_and_the_rerun_resumes_at_that_step(tmp_path, reference, sig):
+    """#24.2: SIGTERM (preemption) or the first Ctrl-C: every rank finishes its step, a checkpoint of that
+    step is written, orch run prints the resume command; running it continues at exactly that step and ends
+    with the uninterrupted run's parameters. The logs keep both runs."""
+    out = tmp_path / "out"
+    spec_file = write_job(tmp_path, stop_job("stopped"))
+    process = start(spec_file, out)
+    wait_for(lambda: steps_logged(out / "progress.jsonl") >= 5, what="5 steps")
+    pids = worker_pids(out)
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    (saved,) = sorted((out / "checkpoints").glob("step-*"))
+    stopped_at = int(saved.name.removeprefix("step-"))
+    assert 5 <= stopped_at < 30
+    assert f"stopped by {signal.Signals(sig).name} at step {stopped_at}/30: checkpoint written" in stdout
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted: all 2 processes stopped at step {stopped_at} after writing a checkpoint "
+        f"(their output: {out}/logs/); resume: orch run {spec_file} --out {out}"
+    ]
+    for pid in pids.values():
+        assert not alive(pid)
+
+    resumed = orch_run(spec_file, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.summary["resumed_from_step"] == stopped_at
+    assert f"resumed from {saved} at step {stopped_at}" in resumed.stdout
+    assert_same_params(reference.state_dict(), resumed.state_dict())
+    for rank in (0, 1):  # both runs' output, each behind its header
+        log = (out / "logs" / f"rank-{rank}.log").read_text()
+        assert log.count(f"--- orch run: rank {rank}, attempt 0,") == 2
+    rank0 = (out / "logs" / "rank-0.log").read_text()
+    assert rank0.index("stopped by") < rank0.rindex("--- orch run:") < rank0.index("resumed from")
+    events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("run") == 2
+    assert [e for e in events if e["event"] == "stopped"][0]["step"] == stopped_at
+
+
+def test_sigterm_to_one_rank_stops_all_at_one_step_and_the_restart_resumes_there(tmp_path, reference):
+    """A drained node: only one rank gets SIGTERM. The ranks agree on the step, all write the checkpoint and
+    exit 143 (retryable); restart.policy job restarts them and they resume at that step, not from step 0."""
+    out = tmp_path / "out"
+    process = start(write_job(tmp_path, stop_job("drained")), out)
+    wait_for(lambda: steps_logged(out / "progress.jsonl") >= 5, what="5 steps")
+    first = worker_pids(out)
+    os.kill(first[1], signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    summary = Run(0, stdout, stderr, out).summary
+    assert summary["restarts"] == 1
+    saved = [int(p.name.removeprefix("step-")) for p in (out / "checkpoints").glob("step-*")]
+    assert sorted(saved) == [summary["resumed_from_step"], 30]  # the stop's, then the final one
+    assert "stopped by SIGTERM at step" in stdout
+    assert_same_params(reference.state_dict(), Run(0, "", "", out).state_dict())
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    """Steps of ~2 s: the first Ctrl-C waits for the step; the second one does not."""
+    out = tmp_path / "out"
+    spec = job("impatient", max_steps=1000, task_args={"samples": 256, "sample_delay": 0.25})
+    process = start(write_job(tmp_path, spec), out, "--procs", "2")
+    wait_for(lambda: len(worker_pids(out)) == 2, timeout=180, what="both ranks")
+    pids = worker_pids(out)
+    wait_for(lambda: (out / "logs" / "rank-0.log").exists() and "training" in (out / "logs" / "rank-0.log").read_text(),
+             timeout=180, what="the loop")  # fmt: skip
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - started < 10
+    assert process.returncode == 130
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted: stopped all 2 processes (their output: {out}/logs/)"
+    ]
+    wait_for(lambda: not any(alive(pid) for pid in pids.values()), timeout=10, what="the ranks to die")
+    assert list((out / "checkpoints").glob("step-*")) == []
 
 
 def test_orch_run_help_does_not_import_torch():

@@ -426,3 +426,43 @@ def test_local_metrics_listen_on_loopback_move_off_a_taken_port_and_top_finds_th
             process.communicate(timeout=120)
     assert list(tmp_path.glob("orch-*")) == []  # the index entry went with the run
     assert not (tmp_path / "out" / ".metrics").exists()
+
+
+def test_the_rank_that_failed_is_named_not_one_the_launcher_stopped(tmp_path):
+    """#24.3: rank 0 stopped by the launcher (SIGTERM: -15, or the trainer's 143 after its stop checkpoint)
+    and rank 1 failing with exit code 3, neither with an error file (a `command:` job): rank 1 is named.
+    torch's own ProcessFailure/ChildFailedError records, as the launcher hands them over."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from orchestrator import local
+
+    plan = local.plan(load_spec(tmp_path))
+    for stopped in (-15, 143):
+        failures = {
+            0: ProcessFailure(local_rank=0, pid=10, exitcode=stopped, error_file=str(tmp_path / "none-0")),
+            1: ProcessFailure(local_rank=1, pid=11, exitcode=3, error_file=str(tmp_path / "none-1")),
+        }
+        message = local._failure_message(ChildFailedError("w", failures), plan, tmp_path)
+        assert message == f"rank 1 failed (exit code 3): no error recorded; its output: {tmp_path}/rank-1.log"
+
+
+def load_spec(tmp_path: Path):
+    from orchestrator import loading
+
+    path = tmp_path / "job.yaml"
+    path.write_text("name: t\ncommand: [python, x.py]\nprocs_per_node: 2\n")
+    return loading.load_job(path)
+
+
+def test_extending_a_run_says_the_schedule_is_stretched(run_job, tmp_path):
+    """#24.3: --steps 10 after a run of 6 with a linear schedule: the resume names the jump in the rate."""
+    spec = job("stretch", max_steps=6, schedule={"name": "linear"}, checkpoint={"every_steps": 3})
+    out = tmp_path / "stretch"
+    assert run_job(spec, out=out).returncode == 0
+    again = run_job(spec, "--steps", "10", out=out)
+    assert again.returncode == 0, again.stderr
+    assert (
+        "note: the linear schedule now decays over 10 steps, not the 6 of the run that wrote the checkpoint "
+        "(train.max_steps or --steps changed): the rate is recomputed for the new length; learning rate at "
+        "step 6: 0 -> 0.02"
+    ) in again.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from orchestrator.spec import ScheduleSpec
 from orchestrator.trainer.schedule import Plateau, Scheduler, lr_at
@@ -78,3 +79,28 @@ def test_other_schedules_ignore_the_loss():
     scheduler = Scheduler(optimizer, ScheduleSpec(name="cosine", patience=0), 1.0, MAX_STEPS)
     assert not any(scheduler.observe_loss(loss) for loss in [1.0, 2.0, 3.0, 4.0])
     assert scheduler.set_lr(0) == 1.0
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_a_resume_with_another_length_says_the_schedule_is_recomputed(name):
+    """#24.3: extending a run (--steps 100 after 60) reshapes a decaying schedule; the resume says so."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = ScheduleSpec(name=name)
+    saved = Scheduler(optimizer, cfg, 1.0, 60).state_dict()
+    assert Scheduler(optimizer, cfg, 1.0, 60).load_state_dict(saved) is None
+    note = Scheduler(optimizer, cfg, 1.0, 100).load_state_dict(saved)
+    assert note == (
+        f"the {name} schedule now decays over 100 steps, not the 60 of the run that wrote the checkpoint "
+        "(train.max_steps or --steps changed): the rate is recomputed for the new length"
+    )
+
+
+@pytest.mark.parametrize("name", ["constant", "step", "plateau"])
+def test_schedules_that_ignore_max_steps_resume_without_a_note(name):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    saved = Scheduler(optimizer, ScheduleSpec(name=name), 1.0, 60).state_dict()
+    assert Scheduler(optimizer, ScheduleSpec(name=name), 1.0, 100).load_state_dict(saved) is None
+    assert (
+        Scheduler(optimizer, ScheduleSpec(name=name), 1.0, 100).load_state_dict({"plateau": saved["plateau"]})
+        is None
+    )
