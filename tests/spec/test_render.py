@@ -198,6 +198,7 @@ def test_env_runtime_facts_user_env_wins_and_secrets_are_references(tmp_path):
         "ORCH_GPU_SAMPLE_SECONDS": "2.5",
         "ORCH_PEAK_TFLOPS": "312.0",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",  # train.checkpoint.on_stop (test_stop_grace.py)
         "NCCL_DEBUG": "INFO",
         "HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "token"}},
     }
