@@ -88,5 +88,8 @@ def main() -> None:
 
 
 def one_line(message: str) -> str:
-    """An error message as one line: control characters a user's input brought in are shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    """An error message as one line: control characters a user's input brought in are shown escaped, and
+    credentials in URLs (a `--set` of a tracking URI, a server's answer) are redacted."""
+    from orchestrator.redaction import shown
+
+    return shown(message)

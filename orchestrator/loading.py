@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator import spec as spec_models
 from orchestrator.errors import SpecError
+from orchestrator.redaction import redact
 from orchestrator.trainer import tracking
 
 FieldPath = tuple[str | int, ...]
@@ -286,9 +287,10 @@ _LIST_INDEX = re.compile(r"\[(\d+)\]")
 
 
 def _redacted(override: str) -> str:
-    """`--set secret_env.TOKEN=...` as it may be shown: the value of a secret field is not."""
+    """`--set secret_env.TOKEN=...` as it may be shown: the value of a secret field is not, nor the
+    credentials of a URL."""
     key, sep, _ = override.partition("=")
-    return f"{key}=<hidden>" if sep and _is_secret(tuple(key.strip().split("."))) else override
+    return f"{key}=<hidden>" if sep and _is_secret(tuple(key.strip().split("."))) else redact(override)
 
 
 def _is_secret(path: FieldPath) -> bool:

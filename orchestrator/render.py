@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import launch, naming, runtime_env
 from orchestrator.errors import SpecError
+from orchestrator.redaction import redact_url
 from orchestrator.trainer import tracking
 
 if TYPE_CHECKING:
@@ -718,7 +719,10 @@ def tracking_annotation(spec: JobSpec, name: str, api: str) -> dict[str, str]:
     record: dict[str, Any] = {}
     if settings.mlflow:
         record["mlflow"] = {
-            "tracking_uri": settings.mlflow_tracking_uri,
+            # validation refuses a URI with a credential; redacted again so none can reach the annotation
+            "tracking_uri": redact_url(settings.mlflow_tracking_uri)
+            if settings.mlflow_tracking_uri
+            else None,
             "experiment": settings.mlflow_experiment,
             "run_name": settings.mlflow_run_name,
         }

@@ -466,9 +466,23 @@ class MlflowCredentials(Model):
     token: SecretRef | None = None
 
 
+def _no_credentials(uri: str) -> str:
+    """A tracking URI is written into the job's annotation, run headers and logs: a password (or a token as
+    the user) in it would be too. MLflow takes them from its own variables instead."""
+    user_info = uri.partition("://")[2].split("/", 1)[0].rpartition("@")[0] if "://" in uri else ""
+    if user_info:
+        raise ValueError(
+            "holds a credential (user:password@ in the URI), which would be written into the job's "
+            "annotation and logs: put the password in a Secret and name it in tracking.mlflow.credentials "
+            "(orch run: set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD in the shell)"
+        )
+    return uri
+
+
 class MlflowTracking(Model):
-    tracking_uri: Annotated[str, Field(min_length=1)] | None = None
-    """None: the run-time environment says (ORCH_MLFLOW_TRACKING_URI, e.g. from a Secret, or MLFLOW_TRACKING_URI)."""
+    tracking_uri: Annotated[str, Field(min_length=1), AfterValidator(_no_credentials)] | None = None
+    """None: the run-time environment says (ORCH_MLFLOW_TRACKING_URI, e.g. from a Secret, or MLFLOW_TRACKING_URI).
+    Without credentials: those go in tracking.mlflow.credentials (Secrets)."""
     experiment: Annotated[str, Field(min_length=1)] | None = None
     """None: the job name."""
     run_name: Annotated[str, Field(min_length=1)] | None = None

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming
+from orchestrator.redaction import shown
 from orchestrator.trainer import tracking
 
 if TYPE_CHECKING:
@@ -259,9 +260,10 @@ def table(rows: list[list[str]]) -> str:
     """Left-aligned columns separated by three spaces, like kubectl."""
     if not rows:
         return ""
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    rows = [[shown(str(cell)) for cell in row] for row in rows]  # a cell is one line, whatever it holds
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "   ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
 
@@ -300,7 +302,8 @@ def format_status(status: JobStatus) -> str:
         rows = [["TIME", "OBJECT", "REASON", "MESSAGE"]]
         rows += [[e["time"], e["object"], e["reason"], e["message"]] for e in status.events[-10:]]
         lines += ["  " + line for line in table(rows).splitlines()]
-    return "\n".join(lines)
+    # Each entry is one line: what the server or the job's free text holds cannot add lines (or colours).
+    return "\n".join(shown(line) for line in lines)
 
 
 def format_list(rows: list[dict[str, Any]], *, wide: bool = False, all_namespaces: bool = False) -> str:

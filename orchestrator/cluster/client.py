@@ -41,7 +41,6 @@ import math
 import os
 import re
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +67,7 @@ from orchestrator.cluster.resources import (
     VERSION,
     Resource,
 )
+from orchestrator.redaction import redact_url, scrub
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -114,26 +114,6 @@ def request_timeout_from_env() -> float:
         return float(parse_duration(raw))
     except ValueError as e:
         raise ClusterError(f"${REQUEST_TIMEOUT_ENV}: {e}; or 0 for no limit") from None
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password in it replaced by ***: http://admin:***@host:6443."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "(an unreadable URL)"
-    if parts.password is None and parts.username is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if user else f"***@{host}"))
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret replaced by ***."""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
 
 
 def seconds(value: float) -> str:

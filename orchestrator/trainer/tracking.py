@@ -8,10 +8,14 @@ per backend, and `Trackers` that fans out to several. The loop calls the same fo
     tracker.log_artifacts([summary.json, model.pt])  at the end
     tracker.close(failed=...)                in the entrypoint's `finally`
 
-Tracking never takes training down. MLflow calls run on a background thread: a server that does not answer
-costs the loop nothing, is one warning, and what it missed is kept and sent again later (every
-`retry_seconds`, and once more at the end); what still could not be sent is said when the run closes. A
-TensorBoard writer that fails (a full disk) is one warning and is switched off.
+Tracking never takes training down, and never blocks a collective path. MLflow calls run on a background
+thread: a server that does not answer costs the loop nothing, is one warning, and what it missed is kept and
+sent again later (every `retry_seconds`, and once more at the end); what still could not be sent is said when
+the run closes, which waits at most `close_seconds` ($ORCH_TRACKING_CLOSE_SECONDS). A checkpoint records the
+run known at that moment and never waits for the server (rank 0 would hold the other ranks in the
+checkpoint's collectives). An error that trying again cannot fix (a refused request, a store MLflow will not
+open) is said once, in full, and MLflow is switched off for the run. A TensorBoard writer that fails (a full
+disk) is one warning and is switched off.
 
 mlflow and tensorboard are optional (`pip install 'orchestrator[tracking]'`) and imported only when used.
 """
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming
+from orchestrator.redaction import redact
 from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI, TrackingSettings
 
 if TYPE_CHECKING:
@@ -52,9 +57,13 @@ MLFLOW_HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # orch says where the run is, once, at the end
+    # `file:` stores (and plain paths) work: MLflow 3 refuses them unless told (its filesystem backend is in
+    # maintenance mode, not removed); a local `orch run` with `tracking_uri: file:./mlruns` is a fair use.
+    "MLFLOW_ALLOW_FILE_STORE": "true",
 }
 DEFAULT_RETRY_SECONDS = 30.0
 DEFAULT_CLOSE_SECONDS = 120.0
+CLOSE_SECONDS_ENV = "ORCH_TRACKING_CLOSE_SECONDS"  # how long the end of a run waits for MLflow
 LINKS_FILE = "tracking.json"  # in the output dir: the run's links, for `orch run`'s last line
 
 
@@ -93,7 +102,31 @@ def spec_problem(spec: JobSpec, *, local: bool) -> tuple[tuple[str, ...], str] |
     )
     if problem := tracking_uri_problem(settings, environ):
         return ("tracking", "mlflow", "tracking_uri"), problem
+    if not local and (problem := _store_in_pod_problem(spec, settings.mlflow_tracking_uri)):
+        return ("tracking", "mlflow", "tracking_uri"), problem
     return None
+
+
+def _store_in_pod_problem(spec: JobSpec, uri: str | None) -> str | None:
+    """A file store (`file:`, a path, `sqlite:`) written inside a pod is lost with the pod unless it lies in
+    the output dir or on a writable volume."""
+    if not uri or not (store := local_store_path(uri)):
+        return None
+    kept = [naming.OUTPUT_DIR] + [v.mount for v in spec.volumes if not v.read_only]
+    if store.startswith("/") and any(store == k or store.startswith(k.rstrip("/") + "/") for k in kept):
+        return None
+    return (
+        f"{uri!r} is a store inside the pod, lost with it: use an MLflow server, or a path under "
+        f"{naming.OUTPUT_DIR} or a writable volume (e.g. file:{naming.OUTPUT_DIR}/mlruns)"
+    )
+
+
+def local_store_path(uri: str) -> str | None:
+    """The path of a store MLflow keeps in files (`file:`, a plain path, `sqlite:///`), or None for a server."""
+    for prefix in ("sqlite:///", "file://", "file:"):
+        if uri.startswith(prefix):
+            return uri[len(prefix) :]
+    return None if "://" in uri else uri
 
 
 # --- sinks ------------------------------------------------------------------------------------------------
@@ -215,7 +248,7 @@ class MlflowTracker(NullTracker):
         self._last_error: str | None = None
         self._next_try = 0.0
         self._thread: threading.Thread | None = None
-        self._first_try = threading.Event()  # the run was created, or creating it failed once
+        self._gave_up = False  # a permanent error: nothing more is sent
 
     # --- the loop's side: never blocks on the network -----------------------------------------------------
 
@@ -237,10 +270,10 @@ class MlflowTracker(NullTracker):
         self._inbox.put(("artifacts", list(paths)))
 
     def state(self) -> dict[str, Any]:
-        # A checkpoint must name the run: wait for the first attempt to create it (the thread's first job,
-        # bounded by the HTTP timeouts; usually long done when the first checkpoint is saved).
-        if self._thread is not None:
-            self._first_try.wait(timeout=self.close_seconds)
+        # The run known now, without waiting: rank 0 calls this inside a checkpoint while the other ranks
+        # wait in its collectives (a server that never answers would hold them past the collective
+        # timeout). The run is created at start, so it is almost always known; if not, the next checkpoint
+        # names it.
         run_id = self.run_id or self._resume_id
         return {"mlflow_run_id": run_id} if run_id else {}
 
@@ -289,11 +322,15 @@ class MlflowTracker(NullTracker):
             for kind, payload in items:
                 self._take(kind, payload)
                 closing = closing or kind == "close"
+            if self._gave_up:
+                continue
             if closing or time.monotonic() >= self._next_try:
                 self._flush()
 
     def _has_pending(self) -> bool:
         pending = self._pending
+        if self._gave_up:
+            return False  # sleep until the next item (or close) arrives
         return bool(
             pending.metrics or pending.params or pending.artifacts or pending.status or not self.run_id
         )
@@ -311,12 +348,19 @@ class MlflowTracker(NullTracker):
 
     def _flush(self) -> None:
         try:
-            try:
-                self._ensure_run()
-            finally:
-                self._first_try.set()
+            self._ensure_run()
             self._send()
-        except Exception as error:  # unreachable, 5xx, auth: keep everything, say it once, try again later
+        except Exception as error:
+            if not transient(error):  # a refused request, a store MLflow will not open: the same every time
+                self._last_error = f"{type(error).__name__}: {_first_line(error, limit=None)}"
+                self._next_try = float("inf")
+                self._give_up()
+                warn(
+                    f"MLflow at {self.tracking_uri or _default_uri()} refused the run ({self._last_error}); "
+                    "training goes on without MLflow"
+                )
+                return
+            # unreachable, timed out, 5xx: keep everything, say it once, try again later
             self._last_error = f"{type(error).__name__}: {_first_line(error)}"
             self._next_try = time.monotonic() + self.retry_seconds
             if not self._warned:
@@ -325,6 +369,10 @@ class MlflowTracker(NullTracker):
                     f"MLflow at {self.tracking_uri or _default_uri()} did not answer ({self._last_error}); "
                     f"training goes on, and what it missed is sent again every {self.retry_seconds:g} s"
                 )
+
+    def _give_up(self) -> None:
+        """Stop trying: what is queued now or later stays unsent (close() says so)."""
+        self._gave_up = True
 
     def _ensure_run(self) -> None:
         if self._client is None:
@@ -434,7 +482,10 @@ def build(
                 experiment=settings.mlflow_experiment or job_name,
                 run_name=settings.mlflow_run_name or job_name,
                 tags={k: v for k, v in tags.items() if v},
-                **mlflow_options,
+                **{
+                    "close_seconds": float(os.environ.get(CLOSE_SECONDS_ENV, DEFAULT_CLOSE_SECONDS)),
+                    **mlflow_options,
+                },
             )
         )
     if settings.tensorboard_dir:
@@ -492,7 +543,7 @@ def prefixed(prefix: str, values: Mapping[str, Any]) -> dict[str, float]:
 def finish(tracker: NullTracker, output_dir: Path, *, failed: bool) -> None:
     """Close the run; say what could not be recorded; leave the links in tracking.json for `orch run`."""
     for line in tracker.close(failed=failed):
-        print(f"tracking: {line}", file=sys.stderr, flush=True)
+        print(f"tracking: {redact(line)}", file=sys.stderr, flush=True)
     if links := tracker.links():
         try:
             write_links(output_dir, links)
@@ -553,7 +604,7 @@ def describe(annotations: Any) -> dict[str, str]:
     shown: dict[str, str] = {}
     if isinstance(mlflow := record.get("mlflow"), dict):
         uri = mlflow.get("tracking_uri") or f"(the pods' {ENV_MLFLOW_TRACKING_URI})"
-        shown["mlflow"] = f"{uri} experiment {mlflow.get('experiment')}, run {mlflow.get('run_name')}"
+        shown["mlflow"] = redact(f"{uri} experiment {mlflow.get('experiment')}, run {mlflow.get('run_name')}")
     if isinstance(record.get("tensorboard"), str):
         shown["tensorboard"] = f"{record['tensorboard']} (in the pod of rank 0)"
     return shown
@@ -563,13 +614,34 @@ def _default_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or "the default MLflow tracking URI"
 
 
-def _first_line(error: BaseException) -> str:
-    """The gist of an error: the OS's reason when the connection failed, else its first line, shortened."""
+def _first_line(error: BaseException, limit: int | None = 200) -> str:
+    """The gist of an error: the OS's reason when the connection failed, else its text, shortened to `limit`
+    (None: whole, on one line: a permanent error's text usually says the fix)."""
     text = str(error).strip()
     if cause := re.search(r"\[Errno -?\d+\] [^'\")\]]+", text):
         return cause.group(0)
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    return " ".join(text.split()) if limit is None else text.splitlines()[0][:limit]
+
+
+def transient(error: BaseException) -> bool:
+    """Whether trying again later may succeed: the server could not be reached or timed out (an OSError,
+    which requests' errors are, anywhere in the chain: MLflow wraps them), or it answered 5xx or 429. A 4xx
+    answer (bad request, unauthorised, forbidden) or an error raised before any request (a store MLflow
+    refuses to open, a missing package) is permanent."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    status = getattr(error, "get_http_status_code", None)
+    if type(error).__name__ == "RestException" and callable(status):
+        code = status()
+        return bool(code >= 500 or code == 429)
+    # MLflow's own words for an answer it could not parse (no JSON body): "... failed with error code 503"
+    return bool(re.search(r"failed with error code (5\d\d|429)\b", str(error)))
 
 
 def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    print(f"warning: {redact(message)}", file=sys.stderr, flush=True)

@@ -351,6 +351,11 @@ SECOND_ROUND = {
     ),
     "nul-in-task-args-key": ({"train": {"task": "digits", "task_args": {"k\x00": 1}}}, "U+0000"),
     "c1-in-annotation": ({"annotations": {"example.com/a": "x\x9by"}}, "U+009B"),
+    # class 4: a credential never reaches an annotation or a printed line
+    "uri-with-password": (
+        {"tracking": {"mlflow": {"tracking_uri": "http://bob:hunter22@mlflow:5000"}}},
+        "tracking.mlflow.tracking_uri: holds a credential",
+    ),
     # class 5: a field the chosen scheduler cannot carry
     "volcano-with-kueue-priority": (
         {"scheduling": {"scheduler": "volcano", "queue": "q", "priority": "high"}},
@@ -371,7 +376,8 @@ def test_second_round_shapes_end_in_one_line(case, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=False))
     for command in ("validate", "render"):
-        assert_one_error_line(orch(command, str(path)), str(path), expected)
+        line = assert_one_error_line(orch(command, str(path)), str(path), expected)
+        assert "hunter22" not in line
 
 
 # class 2: the loader builds JSON-compatible data only (render -o json and train.json cannot crash)
@@ -424,6 +430,7 @@ def test_a_python_dict_with_a_date_is_refused_naming_the_field():
         (["--set", "volumes.0.name=x"], "volumes is a list of 0 items; index 0 does not exist"),
         (["--set", "a[b]=1"], "unknown field"),
         (["--set", 'env.A="a\\0b"'], "U+0000"),
+        (["--set", "tracking.mlflow.tracking_uri=http://bob:hunter22@h"], "tracking_uri=http://bob:***@h"),
     ],
 )
 def test_set_on_a_missing_list_or_an_odd_key_ends_in_one_line(args, expected, tmp_path):

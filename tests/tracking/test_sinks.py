@@ -169,3 +169,79 @@ def _wait_for(condition, timeout: float = 120) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.1)
+
+
+# --- a server that never answers, permanent errors, file stores (#25 class 6, #24) ------------------------
+
+
+def test_a_server_that_never_answers_blocks_neither_a_checkpoint_nor_the_end(silent_server, monkeypatch):
+    """Checkpoints call state() on rank 0 while the other ranks wait in collectives: it answers at once;
+    close() keeps to its own deadline."""
+    import time
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "600")
+    tracker = mlflow_tracker(silent_server, close_seconds=2)
+    tracker.start(run_id="abc")
+    tracker.log_metrics(1, {"train/loss": 1.0})
+    started = time.monotonic()
+    assert tracker.state() == {"mlflow_run_id": "abc"}  # the run it resumes, known without the server
+    assert time.monotonic() - started < 1
+    unsent = tracker.close()
+    assert time.monotonic() - started < 10
+    (line,) = unsent
+    assert line.startswith(f"MLflow: not sent to {silent_server}: ") and line.endswith("(timed out)")
+
+
+def test_a_permanent_error_is_said_once_in_full_and_not_retried(tmp_path, monkeypatch, capsys):
+    """MLflow refuses a file store unless allowed: trying again every 30 s cannot help, and the fix is at the
+    end of its message."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")
+    tracker = mlflow_tracker(f"file:{tmp_path / 'mlruns'}", retry_seconds=0.01, close_seconds=30)
+    tracker.start()
+    for step in range(1, 6):
+        tracker.log_metrics(step, {"train/loss": 1.0})
+    _wait_for(lambda: "refused the run" in capsys.readouterr().err)
+    tracker.log_metrics(6, {"train/loss": 1.0})
+    (unsent,) = tracker.close()
+    err = capsys.readouterr().err
+    assert "did not answer" not in err and err.count("warning:") == 0  # said once, above, and no retry
+    assert unsent.endswith("set `MLFLOW_ALLOW_FILE_STORE=true` to opt out of this exception.)"), unsent
+    assert "6 metric values" in unsent
+
+
+def test_a_file_store_records_the_run(tmp_path):
+    tracker = mlflow_tracker(f"file:{tmp_path / 'mlruns'}", "files")
+    tracker.start()
+    tracker.log_metrics(4, {"train/loss": 2.0})
+    assert tracker.close() == []
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    assert metric_history(client, tracker.run_id) == {"train/loss": [(4, 2.0)]}
+
+
+@pytest.mark.parametrize(
+    ("error", "retry"),
+    [
+        (ConnectionRefusedError(111, "refused"), True),
+        (TimeoutError(), True),
+        (
+            RuntimeError("API request to endpoint /x failed with error code 503 != 200. Response body: ''"),
+            True,
+        ),
+        (RuntimeError("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode"), False),
+        (ValueError("bad"), False),
+    ],
+)
+def test_which_errors_are_worth_a_retry(error, retry):
+    assert tracking.transient(error) is retry
+
+
+def test_a_wrapped_connection_error_is_worth_a_retry():
+    try:
+        try:
+            raise ConnectionResetError(104, "reset")
+        except OSError as cause:
+            raise RuntimeError("API request to http://x failed with exception ...") from cause
+    except RuntimeError as error:
+        assert tracking.transient(error)

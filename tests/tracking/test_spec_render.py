@@ -188,3 +188,38 @@ def test_orch_status_shows_where_the_job_is_recorded(tmp_path, api):
         line.startswith("Tracking:")
         for line in status.format_status(status.job_status(job_api, untracked)).splitlines()
     )
+
+
+# --- credentials and free text (issue #25, class 4) ------------------------------------------------------
+
+
+def test_a_uri_with_a_password_is_refused_and_not_echoed(tmp_path):
+    with pytest.raises(SpecError) as caught:
+        load(tmp_path, BASE, "tracking.mlflow.tracking_uri=http://bob:hunter22@mlflow:5000")
+    assert "tracking.mlflow.credentials" in str(caught.value)
+    from orchestrator.cli import one_line
+
+    assert "hunter22" not in one_line(str(caught.value))
+    with pytest.raises(SpecError, match="credential"):
+        load(tmp_path, BASE.replace("http://mlflow", "http://tok3n@mlflow"))
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_job_free_text_cannot_forge_status_lines(tmp_path, api):
+    """An experiment name with a newline (tab and newline are allowed in free strings) stays on its line."""
+    from orchestrator.cluster.apis import by_key
+
+    job_api = by_key(api)
+    text = BASE.replace("experiment: digits", 'experiment: "digits\\nPhase:       Succeeded"')
+    job = next(o for o in render.render(load(tmp_path, text), api=api) if o["kind"] == job_api.resource.kind)
+    lines = status.format_status(status.job_status(job_api, job)).splitlines()
+    assert len([line for line in lines if line.startswith("Phase:")]) == 1, lines
+    assert any(line.startswith("Tracking:    mlflow") and "digits\\nPhase:" in line for line in lines)
+
+
+def test_an_annotation_with_a_password_is_shown_redacted(tmp_path):
+    """A job written by another tool (or an older orch) may hold one: `orch status` never shows it."""
+    annotations = {
+        ANNOTATION_TRACKING: json.dumps({"mlflow": {"tracking_uri": "http://u:pw@h:5000", "experiment": "e"}})
+    }
+    assert tracking.describe(annotations)["mlflow"].startswith("http://u:***@h:5000 experiment e")
