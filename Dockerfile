@@ -1,5 +1,7 @@
-# orch training image: CUDA PyTorch + the `orchestrator` package, run by the rendered PyTorchJob as
-#   torchrun --nnodes=... --nproc-per-node=... -m orchestrator.trainer --config /etc/orch/train.json
+# orch training image: CUDA PyTorch + the `orchestrator` package, run by the rendered PyTorchJob or TrainJob as
+#   python -m orchestrator.launch --nproc-per-node=N -m orchestrator.trainer --config /etc/orch/train.json
+# (orchestrator.launch is torchrun with an exit code that keeps the failure's class; the number of nodes,
+# the node rank and the rendezvous come from the operator's PET_* environment, not from flags).
 #
 # Base: the official PyTorch runtime image, pinned. 2.11.0-cuda12.8-cudnn9-runtime brings
 #   torch 2.11.0+cu128, CUDA 12.8 runtime, cuDNN 9 and NCCL 2.28.9 (torch's NCCL pin for 2.11/cu128),
@@ -35,7 +37,7 @@ ARG ORCH_VERSION=0.0.0
 ARG VCS_REF=unknown
 ARG SOURCE_URL=""
 USER root
-# Install orchestrator[train,tracking] (tracking: the MLflow client, TensorBoard) from the wheel, never touching the base's CUDA torch: every
+# Install orch-trainer[train,tracking] (the orchestrator package) (tracking: the MLflow client, TensorBoard) from the wheel, never touching the base's CUDA torch: every
 # torch/triton/nvidia-* package the base has becomes a constraint, so pip either keeps them or
 # fails the build; the last line double-checks torch's version did not move. Build tools stay in
 # stage 1; only the wheel crosses over (a bind mount, so it is not even a layer here).
@@ -44,7 +46,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
     python -m pip list --format=freeze | grep -iE '^(torch|triton|nvidia-)' > /tmp/keep-base.txt; \
     before="$(python -c 'import torch; print(torch.__version__)')"; \
     python -m pip install --no-cache-dir --disable-pip-version-check \
-        --constraint /tmp/keep-base.txt "$(ls /tmp/wheels/orchestrator-*.whl)[train,tracking]"; \
+        --constraint /tmp/keep-base.txt "$(ls /tmp/wheels/orch_trainer-*.whl)[train,tracking]"; \
     after="$(python -c 'import torch; print(torch.__version__)')"; \
     test "$before" = "$after" || { echo "pip replaced torch $before with $after" >&2; exit 1; }; \
     rm /tmp/keep-base.txt; \

@@ -15,6 +15,7 @@ MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
 install: $(VENV)/.installed
 
 # PYTHONWARNINGS: silences setuptools' informational notice on editable installs of a mapped folder (manifests/)
+# The distribution orch-trainer (package orchestrator, command orch), editable, with its extras.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

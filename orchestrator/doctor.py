@@ -213,7 +213,7 @@ def judge_local(facts: LocalFacts, *, compiles: bool = False) -> list[Check]:
     checks = [_python_check(facts.python_version)]
     if "error" in torch:
         checks.append(
-            Check("torch", FAIL, torch["error"], "pip install 'orchestrator[train]' (or use the orch image)")
+            Check("torch", FAIL, torch["error"], "pip install 'orch-trainer[train]' (or use the orch image)")
         )
         cuda_build = False
     else:

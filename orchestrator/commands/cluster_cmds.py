@@ -350,7 +350,8 @@ def logs(
     since: int | None,
     max_log_requests: int,
 ) -> None:
-    """Print the training container's log of a job's pods, each line prefixed with [master-0]/[worker-N].
+    """Print the training container's log of a job's pods (container `pytorch` of a PyTorchJob, `node` of a
+    TrainJob), each line prefixed with its pod: [master-0]/[worker-N] (PyTorchJob), [node-N] (TrainJob).
 
     A job of up to 8 pods shows every pod; a bigger one shows rank 0 and every pod that failed, restarted
     or ended in error, and says how to get the rest (--all, --ranks). With -f, lines are merged as they

@@ -17,7 +17,7 @@ checkpoint's collectives). An error that trying again cannot fix (a refused requ
 open) is said once, in full, and MLflow is switched off for the run. A TensorBoard writer that fails (a full
 disk) is one warning and is switched off.
 
-mlflow and tensorboard are optional (`pip install 'orchestrator[tracking]'`) and imported only when used.
+mlflow and tensorboard are optional (`pip install 'orch-trainer[tracking]'`) and imported only when used.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI, TrackingSettings
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
 
-PIP_LINE = "pip install 'orchestrator[tracking]'"
+PIP_LINE = "pip install 'orch-trainer[tracking]'"
 # What each sink imports, and the distribution that provides it (mlflow-skinny is enough for the client).
 REQUIREMENTS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
 

@@ -121,7 +121,7 @@ def test_no_bf16_and_broken_torch() -> None:
     broken = by_name(
         doctor.judge_local(facts(torch={"error": "ModuleNotFoundError: No module named 'torch'"}))
     )
-    assert broken["torch"].status == FAIL and "orchestrator[train]" in broken["torch"].fix
+    assert broken["torch"].status == FAIL and "orch-trainer[train]" in broken["torch"].fix
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_doctor_table_fails_when_torch_does_not_import() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "FAIL  torch" in result.stdout
-    assert "fix: pip install 'orchestrator[train]'" in result.stdout
+    assert "fix: pip install 'orch-trainer[train]'" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("1 failed")  # GPUs only WARN without torch
 
 

@@ -1,6 +1,6 @@
 """Real image builds with `orch build --tool buildah`, then the rendered PyTorchJob's command run inside.
 
-What is real: buildah, both Dockerfiles, pip resolving orchestrator[train] inside the build, torch (the
+What is real: buildah, both Dockerfiles, pip resolving orch-trainer[train] inside the build, torch (the
 CPU wheel), torchrun and the trainer. What stands in: the base images (no registry is reachable, see
 conftest.py) and the training operator, whose env (PET_NNODES, PET_MASTER_ADDR, ...) the test sets.
 The top-level (CUDA) Dockerfile is built on the CPU image's `torch` stage in place of the pytorch/pytorch

@@ -70,7 +70,7 @@ def wheel(tmp_path_factory) -> Path:
         capture_output=True,
         timeout=300,
     )
-    (built,) = out.glob("orchestrator-*.whl")
+    (built,) = out.glob("orch_trainer-*.whl")
     return built
 
 

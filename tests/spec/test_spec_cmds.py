@@ -58,7 +58,7 @@ def test_validate_summarises_the_batch_arithmetic():
         "  nodes 4 x 8 processes = world size 32 (8 GPUs per node)",
         "  train: task gpt, batch 512 = micro 8 x world 32 x accumulation 2, bf16, ddp, max_steps 600000",
         "  restart: the whole job together on any failure, at most 10 times",
-        "  image: ghcr.io/acme/orch-trainer:0.1.0-cuda12.4",
+        "  image: ghcr.io/acme/orch-trainer:0.1.0-cuda12.8",
     ]
 
 

@@ -4,7 +4,7 @@ EventAccumulator).
 
 The server comes from its own virtual environment (`make install` builds .venv-mlflow): the full `mlflow`
 package pins python-dateutil below what the kubernetes client needs, so it cannot share orch's venv; the
-trainer only needs the client (`mlflow-skinny`, in `orchestrator[tracking]`). ORCH_MLFLOW_SERVER names
+trainer only needs the client (`mlflow-skinny`, in `orch-trainer[tracking]`). ORCH_MLFLOW_SERVER names
 another `mlflow` executable to use.
 """
 

@@ -154,7 +154,7 @@ def test_orch_run_refuses_tracking_without_the_packages(tmp_path, monkeypatch):
         load(tmp_path, BASE, local_run=True)
     assert str(error.value) == (
         f"{tmp_path / 'job.yaml'}:8:3: tracking.mlflow: needs mlflow, not installed here: "
-        "pip install 'orchestrator[tracking]'"
+        "pip install 'orch-trainer[tracking]'"
     )
 
 
