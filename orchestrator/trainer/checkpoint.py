@@ -7,14 +7,18 @@ A checkpoint is a directory `step-00000120/`:
     train.pt                                    step, counters, LR-schedule and GradScaler states, the RNG
                                                 states of every rank (plain values: loads with weights_only)
     orch-checkpoint.json                        the completion marker: format, step, world size, mode and
-                                                the size of every file above; written last
+                                                the size and sha256 of every file above; written last
 
 It is written as `.step-00000120.tmp/` and renamed into place by rank 0 once every rank's files and the
 marker are on disk (fsync'ed), so a `step-*` directory is complete or absent; a `.tmp` left by a kill is
-removed at the next start. A checkpoint *verifies* when its marker parses and every file it lists is there
-with its size. Rotation keeps the newest `keep` checkpoints that verify and never counts (or deletes) one
-that does not; resume takes the newest checkpoint that verifies on every rank, and refuses to start from
-step 0 when checkpoints exist but none verifies.
+removed at the next start. A checkpoint is *complete* when its marker is well-formed (format, step, and a
+`files` list that holds DCP's `.metadata` and train.pt) and every file it lists is there with its size;
+it *verifies* when, besides, every file's content has the sha256 the marker recorded (markers of earlier
+versions hold sizes only: those files are checked by size). Resume takes the newest checkpoint that verifies
+(the ranks share the hashing) and names each newer one it skips, and why; rotation keeps the newest `keep`
+complete checkpoints, and removes one that is not complete only once a newer complete one exists (until
+then it may be all a user has left). A checkpoint written again at the same step replaces the old one only
+once it is complete itself.
 
 On resume every rank reads its own part from the shared directory (DCP reshards: a checkpoint written by
 4 ranks loads on 2, under DDP and FSDP alike); nothing is broadcast from rank 0. All ranks must therefore
@@ -29,11 +33,13 @@ Loading a checkpoint outside orch: see docs/trainer.md ("Loading a checkpoint ou
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -49,7 +55,12 @@ MARKER = "orch-checkpoint.json"
 TRAIN_STATE = "train.pt"
 NAME = re.compile(r"^step-(\d{8})$")
 LEGACY_NAME = re.compile(r"^step-(\d{8})\.pt$")
-TMP = re.compile(r"^\.step-\d{8}(\.pt)?\.tmp$")
+TMP = re.compile(r"^\.step-\d{8}(\.pt)?(\.replaced)?\.tmp$")
+DIGEST = "sha256"
+REQUIRED_FILES = (
+    ".metadata",
+    "train.pt",
+)  # DCP's index and orch's train state: a checkpoint without either is not one
 
 
 class CheckpointError(RuntimeError):
@@ -79,24 +90,82 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: (_step_of(p), p.is_dir()), reverse=True)
 
 
-def verify(path: Path) -> str | None:
-    """None when the checkpoint is complete, else why not (one short phrase)."""
+def file_digest(stream: Any) -> str:
+    """The sha256 of a binary stream, read in 1 MiB pieces. The one place checkpoint content is hashed,
+    written and verified: any file-like object works (a local file, an object store's stream)."""
+    digest = hashlib.new(DIGEST)
+    while chunk := stream.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _digest_of(path: Path) -> str:
+    with open(path, "rb") as stream:
+        return file_digest(stream)
+
+
+def _marker_files(path: Path) -> dict[str, tuple[int, str | None]] | str:
+    """{file: (size, sha256 or None)} from a checkpoint directory's marker, or why the marker is not one
+    (missing, unreadable, hand-edited into another shape, no `files`)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except FileNotFoundError:
+        return f"no {MARKER} (an incomplete write)"
+    except (OSError, ValueError) as error:
+        return f"unreadable {MARKER} ({error})"
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT:
+        return f"{MARKER} is not {FORMAT}"
+    if marker.get("step") != _step_of(path) or isinstance(marker.get("step"), bool):
+        return f"{MARKER} names step {marker.get('step')!r}, not the directory's"
+    listed = marker.get("files")
+    if not isinstance(listed, dict) or not listed:
+        return f"{MARKER} lists no files"
+    files: dict[str, tuple[int, str | None]] = {}
+    for name, entry in listed.items():
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            files[name] = (entry, None)  # an earlier version's marker: sizes only
+        elif (
+            isinstance(entry, dict)
+            and isinstance(entry.get("size"), int)
+            and not isinstance(entry.get("size"), bool)
+            and isinstance(entry.get(DIGEST), str)
+        ):
+            files[name] = (entry["size"], entry[DIGEST])
+        else:
+            return f"{MARKER} has a malformed entry for {name!r}"
+        if "/" in name or name in (".", ".."):
+            return f"{MARKER} lists {name!r}, not a file of the checkpoint"
+    if missing := [name for name in REQUIRED_FILES if name not in files]:
+        return f"{MARKER} does not list {missing[0]}"
+    return files
+
+
+def verify(path: Path, *, content: bool = True, share: tuple[int, int] = (0, 1)) -> str | None:
+    """None when the checkpoint verifies, else why not (one short phrase). content=False: complete only
+    (marker and sizes). `share` (index, count): hash only every count-th listed file from index on, so that
+    the ranks of a job can split the reading of a big checkpoint between them."""
     if path.is_dir():
-        try:
-            marker = json.loads((path / MARKER).read_text())
-        except FileNotFoundError:
-            return f"no {MARKER} (an incomplete write)"
-        except (OSError, ValueError) as error:
-            return f"unreadable {MARKER} ({error})"
-        if not isinstance(marker, dict) or marker.get("format") != FORMAT:
-            return f"{MARKER} is not {FORMAT}"
-        for name, size in dict(marker.get("files") or {}).items():
+        files = _marker_files(path)
+        if isinstance(files, str):
+            return files
+        for name, (size, _) in files.items():
             try:
                 actual = (path / name).stat().st_size
             except OSError:
                 return f"{name} is missing"
             if actual != size:
                 return f"{name} has {actual} bytes, {size} were written"
+        if not content:
+            return None
+        index, count = share
+        for position, (name, (_, expected)) in enumerate(files.items()):
+            if expected is None or position % count != index:
+                continue
+            try:
+                if _digest_of(path / name) != expected:
+                    return f"{name} does not have the content that was written (its {DIGEST} differs)"
+            except OSError as error:
+                return f"{name} cannot be read ({error.strerror or error})"
         return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -107,11 +176,12 @@ def verify(path: Path) -> str | None:
     return None
 
 
-def newest_valid(directory: Path) -> tuple[Path | None, dict[str, str]]:
-    """The newest checkpoint that verifies (or None) and the reasons of the newer ones that do not."""
+def newest_valid(directory: Path, *, content: bool = True) -> tuple[Path | None, dict[str, str]]:
+    """The newest checkpoint that verifies (content=False: is complete), or None, and the reasons of the
+    newer ones that do not."""
     invalid: dict[str, str] = {}
     for path in list_checkpoints(directory):
-        reason = verify(path)
+        reason = verify(path, content=content)
         if reason is None:
             return path, invalid
         invalid[path.name] = reason
@@ -152,14 +222,26 @@ def _write_file(path: Path, data: bytes) -> None:
 
 
 def _finalize(tmp: Path, final: Path, *, step: int, world_size: int, mode: str) -> None:
-    """Rank 0, once every rank's files are written: list them, write the marker, rename into place."""
-    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    """Rank 0, once every rank's files are written: list them with their sizes and content digests, write
+    the marker, rename into place."""
+    files = {
+        p.name: {"size": p.stat().st_size, DIGEST: _digest_of(p)}
+        for p in sorted(tmp.iterdir())
+        if p.is_file()
+    }
     marker = {"format": FORMAT, "step": step, "world_size": world_size, "parallel": mode, "files": files}
     _write_file(tmp / MARKER, (json.dumps(marker, indent=1) + "\n").encode())
     fsync_dir(tmp)
-    if final.exists():  # the same step written again (a run resumed from an earlier checkpoint)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    if final.exists():
+        # The same step written again (a run resumed from an earlier checkpoint, this one skipped): the
+        # old one goes only now that the new one is complete, and never before the new one is in place.
+        replaced = final.with_name(f".{final.name}.replaced.tmp")
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
+        os.rename(tmp, final)
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
     fsync_dir(final.parent)
 
 
@@ -193,6 +275,19 @@ def _describe(error: BaseException, directory: Path) -> str:
         return "a file was cut short while writing (a full disk or quota?)"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return first[:300]
+
+
+def _load_failure(error: BaseException) -> str:
+    """One line for a failed load: DCP's CheckpointException carries each rank's exception in `failures`
+    (a WrappedException holding the real one); the first of them says what did not fit."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, failure = sorted(failures.items())[0]
+        inner = getattr(failure, "exception", failure)
+        text = " ".join(str(inner).split()) or type(inner).__name__
+        return f"{type(inner).__name__} on rank {rank}: {text[:300]}"
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -347,11 +442,15 @@ class Checkpointer:
             ) from error
 
     def _rotate(self) -> None:
-        """Keep the newest `keep` checkpoints that verify; what does not verify is neither counted nor
-        deleted (it may be all a user has left)."""
+        """Keep the newest `keep` complete checkpoints (marker and sizes: hashing every kept checkpoint at
+        every save would read them all again; resume verifies content). One that is not complete is not
+        counted, and is removed only once a newer complete one exists (until then it may be all a user
+        has left)."""
         kept = 0
         for path in list_checkpoints(self.directory):
-            if verify(path) is not None:
+            if verify(path, content=False) is not None:
+                if kept:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
                 continue
             kept += 1
             if kept > self.keep:
@@ -362,19 +461,12 @@ class Checkpointer:
     def load(self, *, module: Any, optimizer: Any) -> Resumed | None:
         """Collective: the newest checkpoint that verifies on every rank, loaded into module and
         optimizer by every rank from its own reading of the directory. None: there is no checkpoint.
-        Raises CheckpointError when checkpoints exist but none can be used."""
-        mine, invalid = newest_valid(self.directory)
+        Newer checkpoints that do not verify are skipped, each named with the reason (rank 0 says it).
+        Raises CheckpointError when checkpoints exist but none can be used, or none fits the model."""
+        complete, invalid = newest_valid(self.directory, content=False)
         views: list[Any] = [None] * self.world_size
-        dist.all_gather_object(views, (str(mine) if mine else None, invalid))
+        dist.all_gather_object(views, (str(complete) if complete else None, invalid))
         chosen = [v[0] for v in views]
-        if all(c is None for c in chosen):
-            if views[0][1]:
-                listing = "; ".join(f"{name}: {why}" for name, why in views[0][1].items())
-                raise CheckpointError(
-                    f"no checkpoint in {self.directory} can be resumed from ({listing}); move them "
-                    "away to start from step 0"
-                )
-            return None
         if len(set(chosen)) > 1:
             blind = [rank for rank, c in enumerate(chosen) if c != chosen[0]]
             raise CheckpointError(
@@ -382,11 +474,46 @@ class Checkpointer:
                 f"ranks {blind}: other): every rank must see the same checkpoint directory; on more than "
                 "one node, put train.checkpoint.dir on a volume every pod mounts"
             )
-        path = Path(chosen[0])
-        if path.is_dir():
-            state = self._load_dcp(path, module, optimizer)
-        else:
-            state = self._load_legacy(path, module, optimizer)
+        skipped = dict(views[0][1])
+        path = None
+        for candidate in list_checkpoints(self.directory):
+            if candidate.name in skipped:
+                continue
+            # Every rank hashes its share of the files; all agree on the outcome.
+            mine = verify(candidate, share=(self.rank, self.world_size))
+            reasons: list[Any] = [None] * self.world_size
+            dist.all_gather_object(reasons, mine)
+            reason = next((r for r in reasons if r is not None), None)
+            if reason is None:
+                path = candidate
+                break
+            skipped[candidate.name] = reason
+        if path is None:
+            if skipped:
+                listing = "; ".join(f"{name}: {why}" for name, why in skipped.items())
+                raise CheckpointError(
+                    f"no checkpoint in {self.directory} can be resumed from ({listing}); move them "
+                    "away to start from step 0"
+                )
+            return None
+        if skipped and self.rank == 0:
+            for name, why in skipped.items():
+                print(
+                    f"warning: checkpoint {self.directory / name} skipped: {why}; kept until a newer "
+                    f"checkpoint is complete",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        try:
+            if path.is_dir():
+                state = self._load_dcp(path, module, optimizer)
+            else:
+                state = self._load_legacy(path, module, optimizer)
+        except (Exception, CheckpointException) as error:  # (DCP's is a BaseException)
+            raise CheckpointError(
+                f"cannot resume from {path}: {_load_failure(error)}; a checkpoint of another model or "
+                "task? point train.checkpoint.dir (or --out) elsewhere to start from step 0"
+            ) from error
         return Resumed(path=path, step=int(state["step"]), state=state)
 
     def _load_dcp(self, path: Path, module: Any, optimizer: Any) -> dict[str, Any]:

@@ -98,6 +98,8 @@ def test_a_junk_newest_checkpoint_is_neither_loaded_nor_counted(tmp_path, group)
     # and a legacy file that is not ours.
     (tmp_path / "step-00000030").mkdir()
     shutil.copytree(checkpoint.path_for(tmp_path, 10), checkpoint.path_for(tmp_path, 40))
+    marker_40 = checkpoint.path_for(tmp_path, 40) / checkpoint.MARKER
+    marker_40.write_text(marker_40.read_text().replace('"step": 10', '"step": 40'))
     with open(checkpoint.path_for(tmp_path, 40) / "__0_0.distcp", "r+b") as file:
         file.truncate(10)
     torch.save({"not": "ours"}, tmp_path / "step-00000050.pt")
@@ -307,3 +309,80 @@ def test_ranks_that_see_different_checkpoints_stop_with_a_message(tmp_path):
         f"ranks disagree on the newest checkpoint in {paths[0]} {tail}",
         f"ranks disagree on the newest checkpoint in {paths[1]} {tail}",
     ]
+
+
+# --- content verification, hand-edited markers, a checkpoint of another model (#25, class 7) ---------------
+
+
+def _zero_at_same_size(path: Path) -> None:
+    size = path.stat().st_size
+    path.write_bytes(b"\0" * size)
+
+
+def test_a_newest_shard_zeroed_at_the_same_size_is_skipped_by_name(tmp_path, group, capsys):
+    module, optimizer = trained()
+    saver = checkpointer(tmp_path, keep=3)
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    saver.save(20, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    marker = json.loads((checkpoint.path_for(tmp_path, 20) / checkpoint.MARKER).read_text())
+    assert set(marker["files"]["__0_0.distcp"]) == {"size", "sha256"}
+    _zero_at_same_size(checkpoint.path_for(tmp_path, 20) / "__0_0.distcp")
+    resumed = checkpointer(tmp_path).load(module=module, optimizer=optimizer)
+    assert resumed.step == 10
+    assert capsys.readouterr().err == (
+        f"warning: checkpoint {checkpoint.path_for(tmp_path, 20)} skipped: __0_0.distcp does not have the "
+        "content that was written (its sha256 differs); kept until a newer checkpoint is complete\n"
+    )
+    assert checkpoint.path_for(tmp_path, 20).exists()  # kept: it may be all a user has
+    # training goes on from 10 and writes step 20 again: the skipped one is replaced once the new is complete
+    saver.save(20, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    assert checkpoint.verify(checkpoint.path_for(tmp_path, 20)) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010", "step-00000020"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda m: m.pop("files"), "orch-checkpoint.json lists no files"),
+        (lambda m: m.update(files={}), "orch-checkpoint.json lists no files"),
+        (lambda m: m.update(files=["__0_0.distcp"]), "orch-checkpoint.json lists no files"),
+        (lambda m: m["files"].update({"__0_0.distcp": "12"}), "malformed entry for '__0_0.distcp'"),
+        (lambda m: m["files"].update({"__0_0.distcp": {"size": "12"}}), "malformed entry for '__0_0.distcp'"),
+        (lambda m: m["files"].pop(".metadata"), "does not list .metadata"),
+        (lambda m: m.update(step="ten"), "names step 'ten'"),
+        (lambda m: m["files"].update({"../x": {"size": 1, "sha256": "0"}}), "not a file of the checkpoint"),
+    ],
+)
+def test_a_hand_edited_marker_is_not_complete_and_says_why(tmp_path, group, edit, reason):
+    module, optimizer = trained()
+    checkpointer(tmp_path).save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    marker_file = checkpoint.path_for(tmp_path, 10) / checkpoint.MARKER
+    marker = json.loads(marker_file.read_text())
+    edit(marker)
+    marker_file.write_text(json.dumps(marker))
+    assert reason in checkpoint.verify(checkpoint.path_for(tmp_path, 10))
+    with pytest.raises(checkpoint.CheckpointError, match="can be resumed from"):
+        checkpointer(tmp_path).load(module=module, optimizer=optimizer)
+
+
+def test_a_marker_of_an_earlier_version_with_sizes_only_still_resumes(tmp_path, group):
+    module, optimizer = trained()
+    checkpointer(tmp_path).save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    marker_file = checkpoint.path_for(tmp_path, 10) / checkpoint.MARKER
+    marker = json.loads(marker_file.read_text())
+    marker["files"] = {name: entry["size"] for name, entry in marker["files"].items()}
+    marker_file.write_text(json.dumps(marker))
+    assert checkpointer(tmp_path).load(module=module, optimizer=optimizer).step == 10
+
+
+def test_a_checkpoint_of_another_model_is_one_real_line(tmp_path, group):
+    """DCP's CheckpointException is a BaseException: it used to pass the launcher's capture unrecorded."""
+    module, optimizer = trained(width=8)
+    checkpointer(tmp_path).save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    other, other_optimizer = trained(width=16)
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        checkpointer(tmp_path).load(module=other, optimizer=other_optimizer)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot resume from {checkpoint.path_for(tmp_path, 10)}: ")
+    assert "on rank 0: " in message and "size" in message.lower(), message
