@@ -131,17 +131,25 @@ class Check:
         port = harness.free_port() if metrics else None
         progress = out / "progress.jsonl"
         progress.unlink(missing_ok=True)
+        scraped_file = out / "scraped"  # the run holds at its last step until a scrape with steps was taken
+        scraped_file.unlink(missing_ok=True)
         full_env = harness.base_env(
             ORCH_JOB_NAME=f"gpu-check-{name}", ORCH_OUTPUT_DIR=str(out), ORCH_PROGRESS_FILE=str(progress),
             ORCH_METRICS_PORT=str(port) if port else None, ORCH_METRICS_ADDR="127.0.0.1",
             PROMETHEUS_MULTIPROC_DIR=str(out / "metrics-db"), ORCH_BENCH_DIR=str(out / "bench"),
             ORCH_BENCH_ACCUMULATION="1", ORCH_BENCH_STEPS=str(config["max_steps"]), TMPDIR=str(out),
+            ORCH_BENCH_HOLD_STEP=str(config["max_steps"] - 1) if port else None,
+            ORCH_BENCH_HOLD_UNTIL=str(scraped_file) if port else None,
         )  # fmt: skip
         full_env.update(env or {})
         cmd = harness.torchrun(1, "orchestrator.trainer", "--config", str(config_file))
         scraped: list[str] = []
         stop = threading.Event()
-        scraper = threading.Thread(target=_scrape, args=(port, stop, scraped), daemon=True) if port else None
+        scraper = (
+            threading.Thread(target=_scrape, args=(port, stop, scraped, scraped_file), daemon=True)
+            if port
+            else None
+        )
         started = time.perf_counter()
         with open(out / "log.txt", "w+") as log:
             process = subprocess.Popen(cmd, env=full_env, cwd=out, stdout=log, stderr=subprocess.STDOUT)
@@ -435,9 +443,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _scrape(port: int, stop: threading.Event, scraped: list[str]) -> None:
-    """Scrape every 0.2 s (a tiny run lasts about a second) and keep the latest of the most complete
-    answers: with GPU series and training steps, over one with fewer (the first ones come before step 1)."""
+def _scrape(port: int, stop: threading.Event, scraped: list[str], release: Path) -> None:
+    """Scrape every 0.2 s and keep the latest of the most complete answers: with GPU series and training steps,
+    over one with fewer (the first ones come before step 1). The run waits at its last step until an answer
+    with training steps came (`release`), so a tiny run on a loaded machine cannot end unscraped."""
 
     def rank(text: str) -> tuple[bool, bool]:
         return "orch_gpu_" in text, "orch_train_step" in text
@@ -450,6 +459,8 @@ def _scrape(port: int, stop: threading.Event, scraped: list[str]) -> None:
             continue
         if "orch_" in text and (not scraped or rank(text) >= rank(scraped[-1])):
             scraped[:] = [text]
+        if "orch_train_step" in text:
+            release.touch()
 
 
 def nvidia_smi_uuids() -> list[str]:

@@ -63,6 +63,10 @@ class StepClock:
         self.gate = Gate.from_env()
         # The report is written when the last step starts: the trainer may end with os._exit (no atexit).
         self.total_steps = int(os.environ.get("ORCH_BENCH_STEPS", "0"))
+        # A hold: at the start of optimizer step ORCH_BENCH_HOLD_STEP, wait (untimed, like a turn) until the file
+        # ORCH_BENCH_HOLD_UNTIL exists; make gpu-check releases it once it has scraped the running exporter.
+        self.hold_step = int(os.environ.get("ORCH_BENCH_HOLD_STEP", "-1"))
+        self.hold_until = os.environ.get("ORCH_BENCH_HOLD_UNTIL")
 
     def __call__(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # evaluation runs under no_grad: not a training step
@@ -74,6 +78,8 @@ class StepClock:
                 _STATE["cpu_pre"].append(time.process_time())
                 if self.gate:
                     self.gate.wait_turn(step)
+                if step == self.hold_step and self.hold_until:
+                    _hold(Path(self.hold_until))
                 _STATE["step_post"].append(time.time())
                 _STATE["cpu_post"].append(time.process_time())
                 if step == self.total_steps - 1:  # the last step: its start ends the last measured period
@@ -119,6 +125,14 @@ class Gate:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"benchmark turn never came back to {self.name}: {state}")
             time.sleep(self.POLL_SECONDS)
+
+
+def _hold(release: Path, limit: float = 300) -> None:
+    """Wait for `release`; after `limit` seconds go on anyway (a broken exporter is the row's to report, not a
+    reason to hang the run)."""
+    deadline = time.monotonic() + limit
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def timed(inner: str = "synthetic", **inner_args: Any) -> Task:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from orchestrator.trainer.tasks import Task, synthetic
 
@@ -58,3 +60,29 @@ def records_pid(**synthetic_args) -> Task:
     Path(os.environ["ORCH_OUTPUT_DIR"]).mkdir(parents=True, exist_ok=True)
     Path(os.environ["ORCH_OUTPUT_DIR"], f"pid-{os.environ['RANK']}").write_text(str(os.getpid()))
     return synthetic.make(**synthetic_args)
+
+
+class HeldAfter(Dataset):
+    """Serves `inner`, but while `hold` exists and `release` does not, every fetch waits. A test can then act on
+    a run that is certainly past a checkpoint and certainly not finished, on any machine load: it waits for the
+    checkpoint, acts, then creates `release` (the data and so the mathematics are those of `inner`)."""
+
+    def __init__(self, inner: Dataset, hold: Path, release: Path) -> None:
+        self.inner, self.hold, self.release = inner, hold, release
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        while self.hold.exists() and not self.release.exists():
+            time.sleep(0.01)
+        return self.inner[index]
+
+
+def held_after_checkpoint(step: int, release: str, **synthetic_args) -> Task:
+    """The synthetic task, holding its input once the step-`step` checkpoint (ORCH_OUTPUT_DIR/checkpoints,
+    renamed into place when complete) is on disk, until the file `release` exists."""
+    task = synthetic.make(**synthetic_args)
+    hold = Path(os.environ["ORCH_OUTPUT_DIR"], "checkpoints", f"step-{step:08d}")
+    task.train_dataset = HeldAfter(task.train_dataset, hold, Path(release))
+    return task
