@@ -21,7 +21,9 @@ import yaml
 
 from tests.images.conftest import REPO_ROOT, buildah
 
-pytestmark = pytest.mark.slow
+# A cold cache builds the base and torch images in the fixtures first (~9 min on a loaded 2-core machine): more than
+# pytest-timeout's 600 s per test. The builds have their own subprocess timeouts (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 ORCH = str(Path(sys.executable).with_name("orch"))
 
 
