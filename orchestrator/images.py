@@ -114,6 +114,18 @@ def build_argv(tool: str, ref: str, request: BuildRequest) -> list[str]:
     return [*argv, request.context]
 
 
+def inspect_argv(tool: str, ref: str) -> list[str]:
+    """A command that exits 0 exactly when the tool's local store has `ref`."""
+    if tool == "buildah":
+        return ["buildah", "inspect", "--type", "image", ref]
+    return [tool, "image", "inspect", ref]
+
+
+def has_image(tool: str, ref: str) -> bool:
+    """Whether `ref` was built here already (so an identical content tag need not be built again)."""
+    return run_build(inspect_argv(tool, ref), echo=False).returncode == 0
+
+
 def push_argv(tool: str, ref: str) -> list[str]:
     return [tool, "push", ref]
 

@@ -526,6 +526,9 @@ class JobSpec(Model):
     """TrainJob only: a ClusterTrainingRuntime the platform provides. None: orch renders a TrainingRuntime
     of its own next to the TrainJob."""
     image: ImageRef | None = None
+    workspace: Literal[False] | PathStr | None = None
+    """The folder (relative to job.yaml) whose files `orch submit --build` ships as a thin layer over `image`
+    (orchestrator/workspace.py). None: job.yaml's folder when it holds the code the job names; false: none."""
     nodes: PositiveInt = 1
     gpus_per_node: NonNegativeInt = 0
     procs_per_node: PositiveInt = Field(None, validate_default=False)  # type: ignore[assignment]

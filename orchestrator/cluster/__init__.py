@@ -34,7 +34,14 @@ from orchestrator.cluster.errors import (
 )
 from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
 from orchestrator.cluster.logs import LogFollower, stream_logs
-from orchestrator.cluster.objects import Submission, choose_api, prepare, signals_interrupt, submit
+from orchestrator.cluster.objects import (
+    Submission,
+    choose_api,
+    preflight,
+    prepare,
+    signals_interrupt,
+    submit,
+)
 from orchestrator.cluster.resources import Resource
 
 __all__ = [
@@ -60,6 +67,7 @@ __all__ = [
     "list_jobs",
     "locate",
     "poll_seconds",
+    "preflight",
     "prepare",
     "resolve_namespace",
     "signals_interrupt",

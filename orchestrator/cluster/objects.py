@@ -139,6 +139,24 @@ def job_api_of(objects: Sequence[dict[str, Any]]) -> tuple[JobAPI, dict[str, Any
     return found[0]
 
 
+def preflight(cluster: Cluster, objects: Sequence[dict[str, Any]], *, replace: bool = False) -> None:
+    """What `submit` would refuse, asked first: the job's API is served and no job of that name exists
+    (unless `replace`). `orch submit --build` calls it before it builds and pushes a multi-GB image."""
+    api, job = job_api_of(prepare(objects, cluster.namespace))
+    if not cluster.served(api.resource):
+        raise OperatorNotInstalled(not_installed_message(api, cluster.server))
+    name = job["metadata"]["name"]
+    if not replace and cluster.find(api.resource, name) is not None:
+        raise AlreadyExists(_exists_message(name, cluster.namespace))
+
+
+def _exists_message(name: str, namespace: str) -> str:
+    return (
+        f'job {name} already exists in namespace "{namespace}"; use --replace to delete '
+        f"it and submit again, or `orch delete {name}` first"
+    )
+
+
 def submit(
     cluster: Cluster,
     objects: Sequence[dict[str, Any]],
@@ -174,10 +192,7 @@ def submit(
     existing = cluster.find(api.resource, name)
     if existing is not None:
         if not replace:
-            raise AlreadyExists(
-                f'job {name} already exists in namespace "{cluster.namespace}"; use --replace to delete '
-                f"it and submit again, or `orch delete {name}` first"
-            )
+            raise AlreadyExists(_exists_message(name, cluster.namespace))
         if dry_run:  # the server checks the delete too; the creates below then meet the old objects
             cluster.delete(api.resource, name, propagation="Foreground", dry_run=True)
         else:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from orchestrator.commands.common import DURATION, job_options, load_job, output_option
+from orchestrator.commands.common import DURATION, job_options, load_job, output_option, warn_missing_code
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
@@ -90,29 +90,52 @@ def _note(message: str) -> None:
 
 
 def _build_image(
-    job_image: str, context: str, build_args: tuple[str, ...], tool: str | None, *, dry_run: bool
+    spec: JobSpec,
+    job_file: str,
+    context: str,
+    build_args: tuple[str, ...],
+    tool: str | None,
+    *,
+    dry_run: bool,
 ) -> str:
-    """`orch submit --build`: build and push the job's image repository under a content tag; its reference.
+    """`orch submit --build`: the image the job runs; its reference.
 
-    On a client dry run nothing is built: the commands are printed to stderr and the reference they would
-    push is returned, so the printed objects show the image the job would run.
+    The trainer image is built and pushed from `context` under a content tag when the context has a
+    Dockerfile (an orch checkout), else the job's `image` is the trainer image as it is. When the job has
+    a workspace (orchestrator/workspace.py), its files go on top as a thin layer, built only when they
+    changed. On a client dry run nothing is built: the commands are printed to stderr and the reference
+    they would push is returned, so the printed objects show the image the job would run.
     """
+    import os
     import shlex
+    from pathlib import Path
 
-    from orchestrator import images
+    from orchestrator import images, workspace
 
-    request = images.BuildRequest(
-        context=context, image=images.repository(job_image), build_args=images.parse_build_args(build_args),
-        push=True,
-    )  # fmt: skip
+    repository = images.repository(cast(str, spec.image))
+    folder = workspace.resolve(spec, job_file)
+    base = cast(str, spec.image)
+    if folder is None or os.path.isfile(os.path.join(context, "Dockerfile")):
+        request = images.BuildRequest(
+            context=context, image=repository, build_args=images.parse_build_args(build_args), push=True
+        )
+        if dry_run:
+            base, commands = images.plan(request, tool)
+            for argv in commands:
+                _note(shlex.join(argv))
+        else:
+            base = images.build_and_push(request, tool=tool)
+            _note(f"built and pushed {base}")
+    if folder is None:
+        return base
     if dry_run:
-        ref, commands = images.plan(request, tool)
-        for argv in commands:
-            _note(shlex.join(argv))
+        ref = images.image_ref(repository, workspace.tag(Path(folder), base))
+        _note(f"workspace {folder}: {len(workspace.files(folder))} files -> {ref} (FROM {base})")
         return ref
-    ref = images.build_and_push(request, tool=tool)
-    _note(f"built and pushed {ref}")
-    return ref
+    layer = workspace.build_layer(folder, base, repository, tool=tool)
+    state = "built" if layer.built else "unchanged, not rebuilt"
+    _note(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
+    return layer.ref
 
 
 def _warn_once(spec: JobSpec, api: str) -> None:
@@ -207,10 +230,10 @@ def submit(
     wanted = api or spec.api
     rendered_api = "pytorchjob" if wanted == "auto" else wanted  # auto before the cluster is asked
     objects = render.render(spec, api=rendered_api)  # everything is checked before anything is built or sent
-    if build:
-        image = cast(str, spec.image)  # load_job(require_image=True) made sure there is one
-        spec = spec.model_copy(update={"image": _build_image(image, build_context, build_args, build_tool,
-                                                             dry_run=dry_run == "client")})  # fmt: skip
+    warn_missing_code(spec, job_file)
+    if build and dry_run == "client":
+        spec = spec.model_copy(update={"image": _build_image(spec, job_file, build_context, build_args,
+                                                             build_tool, dry_run=True)})  # fmt: skip
         objects = render.render(spec, api=rendered_api)
     if dry_run == "client":
         _warn_once(spec, rendered_api)
@@ -224,6 +247,12 @@ def submit(
     if wanted == "auto":
         _note(f"api: {chosen.key} ({why})")
     if chosen.key != rendered_api:
+        objects = render.render(spec, api=chosen.key)
+    if build:
+        # The cluster is asked first (served API, no job of that name): a refusal costs no multi-GB build.
+        cluster.preflight(target_cluster, objects, replace=replace)
+        spec = spec.model_copy(update={"image": _build_image(spec, job_file, build_context, build_args,
+                                                             build_tool, dry_run=False)})  # fmt: skip
         objects = render.render(spec, api=chosen.key)
     with cluster.signals_interrupt():  # SIGTERM rolls back like Ctrl-C does
         result = cluster.submit(

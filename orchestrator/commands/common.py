@@ -68,6 +68,15 @@ def load_job(
     return loading.load_job(job_file, overrides, require_image=require_image, local_run=local_run)
 
 
+def warn_missing_code(spec: JobSpec, job_file: str) -> None:
+    """`warning: ...` on stderr for each task module or script that neither the image's orchestrator package
+    nor the job's workspace holds (the pods could not import or run it)."""
+    from orchestrator import workspace
+
+    for message in workspace.missing(spec, job_file):
+        click.echo(f"warning: {message}", err=True)
+
+
 def api_option(fn: F) -> F:
     """`--api auto|pytorchjob|trainjob`: which Kubeflow API renders the job (overrides the file's `api:`)."""
     return click.option(

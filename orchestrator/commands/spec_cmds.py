@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.commands.common import api_option, job_options, load_job, output_option
+from orchestrator.commands.common import api_option, job_options, load_job, output_option, warn_missing_code
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
@@ -115,6 +115,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"OK {job_file}: {spec.name}")
     for line in summary(spec):
         click.echo(f"  {line}")
+    warn_missing_code(spec, job_file)
 
 
 def summary(spec: JobSpec) -> list[str]:
@@ -164,4 +165,5 @@ def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: s
     # --api as an override: what the chosen API cannot carry is reported at its line in the file.
     spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, require_image=True)
     objects = rendering.render(spec)
+    warn_missing_code(spec, job_file)
     click.echo(rendering.to_yaml(objects) if output == "yaml" else rendering.to_json(objects), nl=False)

@@ -63,4 +63,43 @@ def test_a_refused_push_submits_nothing(env, tmp_path, context, buildah_env):  #
         server.shutdown()
     assert result.exit_code == 1, result.stderr
     assert "denied by the registry" in result.stderr.strip().splitlines()[-1]
-    assert env.kube.requests() == []  # the cluster never heard of the job
+    assert env.kube.requests("post") == []  # asked (before the build) but never sent the job
+
+
+def test_the_cluster_is_checked_before_anything_is_built(env, tmp_path, context):  # noqa: F811
+    """#24.1: a job of that name exists: the refusal comes before the build (here the build could not even
+    start: no build tool on PATH), so a multi-GB image is not built and pushed for nothing."""
+    job = job_file(tmp_path, "registry.example/team/trainer:1")
+    assert env.orch("submit", str(job)).exit_code == 0
+    result = env.orch(
+        "submit", str(job), "--build", "--build-context", str(context), env={"PATH": str(tmp_path)}
+    )
+    assert result.exit_code != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        'error: job demo already exists in namespace "team-a"; use --replace to delete it and submit again, '
+        "or `orch delete demo` first"
+    )
+
+
+def test_a_workspace_goes_on_top_of_the_job_image_on_a_client_dry_run(env, tmp_path):  # noqa: F811
+    """#24.1: the task lives beside job.yaml and the folder has no Dockerfile: the job's image is the trainer
+    image, and the workspace layer over it is what the job runs."""
+    from orchestrator import workspace
+
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "tasks.py").write_text("def make_task():\n    pass\n")
+    job = project / "job.yaml"
+    job.write_text(
+        "name: demo\nimage: registry.example/team/trainer:1\ntrain: {task: 'mypkg.tasks:make_task'}\n"
+    )
+    result = env.orch("submit", str(job), "--build", "--build-context", str(project), "--build-tool", "buildah",
+                      "--dry-run=client")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    ref = f"registry.example/team/trainer:{workspace.tag(project, 'registry.example/team/trainer:1')}"
+    pytorchjob = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "PyTorchJob")
+    (container,) = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert container["image"] == ref
+    assert f"workspace {project}: 2 files -> {ref} (FROM registry.example/team/trainer:1)" in result.stderr
+    assert "warning" not in result.stderr
+    assert env.kube.requests() == []
