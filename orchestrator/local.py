@@ -311,8 +311,25 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
             record.parent.rmdir()
             record.parent.parent.rmdir()
         shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
-    summary_file = local.output_dir / "summary.json"
-    return json.loads(summary_file.read_text()) if local.train is not None else None
+    return read_summary(local.output_dir / "summary.json", log_dir) if local.train is not None else None
+
+
+def read_summary(summary_file: Path, log_dir: Path) -> dict[str, Any]:
+    """summary.json as the trainer left it, read defensively: every rank exited 0, yet the file may be
+    missing (a task that called sys.exit(0)), unreadable or of another shape; each is one line, not a
+    traceback."""
+    try:
+        summary = json.loads(summary_file.read_text())
+    except FileNotFoundError:
+        raise RunFailed(
+            f"every process exited 0 but the trainer wrote no {summary_file.name}: the run did not finish "
+            f"(does the task call sys.exit()?); their output: {log_dir}/"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise RunFailed(f"cannot read {summary_file}: {error}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int):
+        raise RunFailed(f"{summary_file} is not a summary of a run (no step count)")
+    return summary
 
 
 def _shutdown_timeout(local: LocalPlan) -> dict[str, Any]:

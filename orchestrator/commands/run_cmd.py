@@ -97,18 +97,27 @@ def format_links(links: dict[str, str]) -> str:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The run's result on one line: eval metrics first (the number people look for)."""
-    evaluation = summary.get("eval") or {}
+    evaluation = summary.get("eval") if isinstance(summary.get("eval"), dict) else {}
     ordered = sorted(evaluation.items(), key=lambda item: item[0] == "loss")  # the task's metrics, then loss
-    parts = [f"eval {name} {value:.4f}" for name, value in ordered]
-    if summary.get("final_loss") is not None:
+    parts = [f"eval {name} {_value(value)}" for name, value in ordered]
+    if isinstance(summary.get("final_loss"), (int, float)):
         parts.append(f"train loss {summary['final_loss']:.4f}")
-    rate = summary.get("samples_per_second")
-    parts.append(f"{summary['steps']} steps")
-    if rate:
+    parts.append(f"{summary.get('steps')} steps")
+    if _number(rate := summary.get("samples_per_second")):
         parts.append(f"{rate:,.0f} samples/s")
-    if summary.get("tokens_per_second"):
-        parts.append(f"{summary['tokens_per_second']:,.0f} tokens/s")
+    if _number(tokens := summary.get("tokens_per_second")):
+        parts.append(f"{tokens:,.0f} tokens/s")
     if summary.get("skipped_steps"):
         parts.append(f"{summary['skipped_steps']} skipped steps")
-    parts.append(f"{summary['wall_seconds']:.1f} s")
+    if _number(wall := summary.get("wall_seconds")):
+        parts.append(f"{wall:.1f} s")
     return "result: " + ", ".join(parts)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
+
+
+def _value(value: Any) -> str:
+    """An eval result: a number with 4 decimals; what else a task's on_eval returned (a string), as text."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)

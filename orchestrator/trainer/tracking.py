@@ -522,12 +522,26 @@ def step_metrics(stats: Any) -> dict[str, float]:
 
 
 def hook_scalars(values: Any, hook: str) -> dict[str, Any]:
-    """What a task's on_log / on_eval returned, checked: a dict with string keys, or None (nothing)."""
+    """What a task's on_log / on_eval returned, checked where it enters: None (nothing), or a dict of
+    non-empty string names to numbers or strings (strings show on the log line and in the events; everything
+    downstream may rely on that). Anything else is a TypeError naming the hook and the entry."""
     if values is None:
         return {}
-    if not isinstance(values, Mapping) or not all(isinstance(k, str) and k for k in values):
-        raise TypeError(f"Task.{hook} must return a dict of name -> number (or None), not {values!r}")
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"Task.{hook} must return a dict of name -> number or string (or None), not {_cut(values)}"
+        )
+    for name, value in values.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"Task.{hook} returned the name {_cut(name)}: names are non-empty strings")
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError(f"Task.{hook} returned {name!r}: {_cut(value)}, not a number or a string")
     return dict(values)
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:75]}...{text[-2:]}"
 
 
 def numeric(values: Mapping[str, Any]) -> dict[str, float]:

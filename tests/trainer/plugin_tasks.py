@@ -86,3 +86,27 @@ def held_after_checkpoint(step: int, release: str, **synthetic_args) -> Task:
     hold = Path(os.environ["ORCH_OUTPUT_DIR"], "checkpoints", f"step-{step:08d}")
     task.train_dataset = HeldAfter(task.train_dataset, hold, Path(release))
     return task
+
+
+def exits_early(at_step: int = 3) -> Task:
+    """A task whose loss function calls sys.exit(0) at a step: every rank exits 0 without a summary."""
+    import sys
+
+    task = synthetic.make()
+    loss_fn, calls = task.loss_fn, [0]
+
+    def exiting(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] >= at_step:
+            sys.exit(0)
+        return loss_fn(*args, **kwargs)
+
+    task.loss_fn = exiting
+    return task
+
+
+def eval_says(value: object) -> Task:
+    """A task whose on_eval returns {"verdict": value} (a string is allowed; a list is not)."""
+    task = synthetic.make()
+    task.on_eval = lambda step, results: {"verdict": value}
+    return task

@@ -466,3 +466,31 @@ def test_extending_a_run_says_the_schedule_is_stretched(run_job, tmp_path):
         "(train.max_steps or --steps changed): the rate is recomputed for the new length; learning rate at "
         "step 6: 0 -> 0.02"
     ) in again.stdout
+
+
+# --- the launcher trusts nothing the trainer leaves (#25, class 8) -------------------------------------
+
+
+def test_a_task_that_calls_sys_exit_0_is_one_line_not_a_traceback(run_job):
+    spec = job("exits", task="tests.trainer.plugin_tasks:exits_early", task_args={"at_step": 3})
+    run = run_job(spec, "--procs", "2")
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "error: every process exited 0 but the trainer wrote no summary.json: the run did not finish "
+        f"(does the task call sys.exit()?); their output: {run.out}/logs/"
+    )
+
+
+def test_an_on_eval_string_reaches_the_result_line(run_job):
+    spec = job("says", task="tests.trainer.plugin_tasks:eval_says", task_args={"value": "good"})
+    run = run_job(spec)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "eval verdict good" in run.stdout.splitlines()[-1]
+
+
+def test_an_on_eval_value_of_another_kind_fails_where_it_enters(run_job):
+    spec = job("says", task="tests.trainer.plugin_tasks:eval_says", task_args={"value": [1, 2]})
+    run = run_job(spec)
+    assert run.returncode == 1
+    assert "TypeError: Task.on_eval returned 'verdict': [1, 2], not a number or a string" in run.stderr
