@@ -97,7 +97,7 @@ def format_links(links: dict[str, str]) -> str:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The run's result on one line: eval metrics first (the number people look for)."""
-    evaluation = summary.get("eval") if isinstance(summary.get("eval"), dict) else {}
+    evaluation: dict[str, Any] = summary["eval"] if isinstance(summary.get("eval"), dict) else {}
     ordered = sorted(evaluation.items(), key=lambda item: item[0] == "loss")  # the task's metrics, then loss
     parts = [f"eval {name} {_value(value)}" for name, value in ordered]
     if isinstance(summary.get("final_loss"), (int, float)):
