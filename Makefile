@@ -9,8 +9,12 @@ TORCH_SPEC ?= torch==2.13.0
 # below what the kubernetes client needs. orch's venv has only the client (the `tracking` extra).
 MLFLOW_VENV ?= .venv-mlflow
 MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
+# The tests' S3-compatible server (moto's server mode), in a venv of its own for the same reason: boto3
+# pins python-dateutil below the kubernetes client's floor (tests/s3server.py starts it).
+MOTO_VENV ?= .venv-moto
+MOTO_SERVER_SPEC ?= moto[server]>=5
 
-.PHONY: install mlflow-server demo test test-all lint bench gpu-check clean
+.PHONY: install mlflow-server moto-server demo test test-all lint bench gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +34,13 @@ $(MLFLOW_VENV)/.installed:
 	$(MLFLOW_VENV)/bin/pip install --quiet '$(MLFLOW_SERVER_SPEC)'
 	touch $@
 
+moto-server: $(MOTO_VENV)/.installed
+
+$(MOTO_VENV)/.installed:
+	test -x $(MOTO_VENV)/bin/python || $(PYTHON) -m venv $(MOTO_VENV)
+	$(MOTO_VENV)/bin/pip install --quiet '$(MOTO_SERVER_SPEC)'
+	touch $@
+
 demo: install
 	$(BIN)/orch run examples/digits.yaml
 
@@ -43,7 +54,7 @@ PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 test: install
 	$(PYTEST) -m "not slow or smoke" $(PYTEST_ARGS)
 
-test-all: install mlflow-server
+test-all: install mlflow-server moto-server
 	$(PYTEST) $(PYTEST_ARGS)
 
 lint: install

@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator import runtime_env
+from orchestrator import runtime_env, storage
 from orchestrator.errors import OrchError, UsageError
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class LocalPlan:
     gpus_per_node: int = 0
     unique_output_dir: bool = False
     """The default runs/NAME-TIMESTAMP: `claim` adds -2, -3, ... when another run took it."""
+    output_url: str | None = None
+    """An object store that keeps the checkpoints, model.pt and summary.json (the trainer's ORCH_OUTPUT_URL)."""
     metrics_port: int = 0
     """The job's exporter port (0: metrics off); `run` moves to a free one when it is taken."""
 
@@ -116,11 +118,22 @@ def plan(
     elif steps is not None:
         raise UsageError("--steps applies to train jobs only; this job runs its own command")
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    # An object store (--out s3://..., or output.url) keeps the checkpoints, model and summary; the logs,
+    # the progress and the lock stay in a local directory (a new one per run, as without --out).
+    output_url = spec.output.url if spec.output is not None else None
+    if output_dir and storage.is_url(output_dir):
+        if problem := storage.url_problem(output_dir):
+            raise UsageError(f"--out {output_dir}: {problem}")
+        output_url, output_dir = output_dir.rstrip("/"), None
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
     from orchestrator.images import git_revision
 
     runtime = runtime_env.RuntimeEnv.for_job(
-        spec, name=spec.name, output_dir=str(out.resolve()), git_commit=git_revision(".")
+        spec,
+        name=spec.name,
+        output_dir=str(out.resolve()),
+        output_url=output_url,
+        git_commit=git_revision("."),
     )
     env = {**runtime.to_env(), **spec.env, "PYTHONUNBUFFERED": "1"}
     policy, max_restarts = restart_budget(spec)
@@ -135,7 +148,20 @@ def plan(
         gpus_per_node=spec.gpus_per_node,
         unique_output_dir=not output_dir,
         metrics_port=runtime.metrics_port,
+        output_url=output_url,
     )
+
+
+def check_store(local: LocalPlan) -> None:
+    """Before any process starts: the object store can be written to with the job's environment, or one
+    line and exit 2 (a missing bucket, bad credentials, an endpoint that does not answer)."""
+    if local.output_url is None:
+        return
+    with _environment(local.env):
+        try:
+            storage.check_writable(local.output_url)
+        except storage.StorageError as error:
+            raise UsageError(str(error)) from None
 
 
 def restart_budget(spec: JobSpec) -> tuple[str, int]:

@@ -287,7 +287,7 @@ def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
         found.append(
             f"restart.policy {spec.restart.policy} replaces pods, and the output dir {naming.OUTPUT_DIR} "
             "(checkpoints) is an emptyDir that goes with them: a restarted job starts from step 0; set "
-            "output: {pvc: CLAIM} or a train.checkpoint.dir on a pvc volume"
+            "output: {pvc: CLAIM}, output: {url: s3://BUCKET/PREFIX} or a train.checkpoint.dir on a pvc volume"
         )
     if chosen == "pytorchjob" and spec.restart.policy == "exit-code" and spec.output is None:
         found.append(
@@ -326,7 +326,7 @@ def _restarts_replace_pods(spec: JobSpec, api: str) -> bool:
 
 
 def _output_on_volume(spec: JobSpec) -> bool:
-    """Whether what a restart must find again lives on a PersistentVolumeClaim."""
+    """Whether what a restart must find again lives on a PersistentVolumeClaim (or an object store)."""
     if spec.output is not None:
         return True
     claims = [v.mount.rstrip("/") + "/" for v in spec.volumes if v.pvc is not None and not v.read_only]
@@ -648,8 +648,9 @@ def _toleration(toleration: Any) -> dict[str, Any]:
 
 def _env(spec: JobSpec, name: str, api: str = "pytorchjob") -> list[dict[str, Any]]:
     """orch's runtime facts first, then the user's env (which wins on a clash), then secretKeyRefs."""
+    output_url = spec.output.url if spec.output is not None else None  # the object store keeps the outputs
     runtime = runtime_env.RuntimeEnv.for_job(
-        spec, name=name, output_dir=naming.OUTPUT_DIR, api_kind=API_KINDS[api]
+        spec, name=name, output_dir=naming.OUTPUT_DIR, output_url=output_url, api_kind=API_KINDS[api]
     )
     values = runtime.to_env()
     if spec.train is not None and spec.train.cuda_alloc_conf:
@@ -768,7 +769,7 @@ def _volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
     if spec.train is not None:
         mounts.append({"name": VOLUME_CONFIG, "mountPath": naming.CONFIG_DIR, "readOnly": True})
     output = {"name": VOLUME_OUTPUT, "mountPath": naming.OUTPUT_DIR}
-    if spec.output is not None:
+    if spec.output is not None and spec.output.pvc is not None:
         output["subPath"] = spec.output.sub_path or spec.name
     mounts.append(output)
     for volume in spec.volumes:
@@ -785,9 +786,9 @@ def _volumes(spec: JobSpec, name: str) -> list[dict[str, Any]]:
     ]
     if spec.train is not None:
         volumes.append({"name": VOLUME_CONFIG, "configMap": {"name": naming.config_map_name(name)}})
-    if spec.output is not None:
+    if spec.output is not None and spec.output.pvc is not None:
         volumes.append({"name": VOLUME_OUTPUT, "persistentVolumeClaim": {"claimName": spec.output.pvc}})
-    else:
+    else:  # no output, or an object store (output.url): the local side (logs, TensorBoard's files) only
         volumes.append({"name": VOLUME_OUTPUT, "emptyDir": {}})
     for volume in spec.volumes:
         volumes.append({"name": volume.name, **_volume_source(volume)})

@@ -28,6 +28,7 @@ DEFAULT_METRICS_ADDR = "0.0.0.0"  # Prometheus scrapes the pod's IP
 
 JOB_NAME = "ORCH_JOB_NAME"
 OUTPUT_DIR = "ORCH_OUTPUT_DIR"
+OUTPUT_URL = "ORCH_OUTPUT_URL"  # an object store (output.url, `orch run --out s3://...`): what the run keeps
 METRICS_PORT = "ORCH_METRICS_PORT"  # unset or 0: no exporter
 METRICS_ADDR = "ORCH_METRICS_ADDR"
 GPU_SAMPLE_SECONDS = "ORCH_GPU_SAMPLE_SECONDS"
@@ -144,7 +145,11 @@ USER_OVERRIDES = (METRICS_PORT, GPU_SAMPLE_SECONDS, PEAK_TFLOPS, METRICS_ADDR, *
 class RuntimeEnv:
     job_name: str = "local"
     output_dir: str = "."
-    """Where summary.json, model.pt and (by default) checkpoints go."""
+    """Where summary.json, model.pt and (by default) checkpoints go; with `output_url`, only the local
+    side: logs, progress, TensorBoard's event files as they are written, summary.json for `orch run`."""
+    output_url: str | None = None
+    """An object-store URL (s3://bucket/prefix): checkpoints, model.pt, summary.json and the TensorBoard
+    event files go there (orchestrator/storage.py)."""
     metrics_port: int = 0
     """The exporter's port on local rank 0; 0: metrics off."""
     metrics_addr: str = DEFAULT_METRICS_ADDR
@@ -165,6 +170,7 @@ class RuntimeEnv:
         *,
         name: str,
         output_dir: str,
+        output_url: str | None = None,
         api_kind: str = "local",
         git_commit: str | None = None,
     ) -> RuntimeEnv:
@@ -172,6 +178,7 @@ class RuntimeEnv:
         return cls(
             job_name=name,
             output_dir=output_dir,
+            output_url=output_url,
             metrics_port=spec.metrics.port if spec.metrics.enabled else 0,
             gpu_sample_seconds=spec.metrics.gpu_sample_seconds,
             peak_tflops=spec.metrics.peak_tflops,
@@ -187,6 +194,8 @@ class RuntimeEnv:
             METRICS_PORT: str(self.metrics_port),
             GPU_SAMPLE_SECONDS: str(self.gpu_sample_seconds),
         }
+        if self.output_url is not None:
+            env[OUTPUT_URL] = self.output_url
         if self.peak_tflops is not None:
             env[PEAK_TFLOPS] = str(self.peak_tflops)
         if self.metrics_addr != DEFAULT_METRICS_ADDR:
@@ -207,6 +216,7 @@ class RuntimeEnv:
         return cls(
             job_name=env.get(JOB_NAME) or "local",
             output_dir=env.get(OUTPUT_DIR) or ".",
+            output_url=env.get(OUTPUT_URL) or None,
             metrics_port=int(_number(env, METRICS_PORT, minimum=0) or 0),
             metrics_addr=env.get(METRICS_ADDR) or DEFAULT_METRICS_ADDR,
             gpu_sample_seconds=_number(env, GPU_SAMPLE_SECONDS, minimum=1e-3) or DEFAULT_GPU_SAMPLE_SECONDS,

@@ -423,13 +423,31 @@ class Restart(Model):
 
 
 class Output(Model):
-    """Where the pods' output dir (/orch/output: checkpoints, reports) lives; default an emptyDir."""
+    """Where what a run keeps (checkpoints, model.pt, summary.json, TensorBoard's events) goes: a volume
+    mounted at the pods' output dir (/orch/output, default an emptyDir), or an object store."""
 
-    pvc: Dns1123Name
+    pvc: Dns1123Name | None = None
     """PersistentVolumeClaim mounted at the output dir (ReadWriteMany for jobs of more than one node)."""
     sub_path: RelativePath | None = None
     """Folder inside the claim. None: the job's name, so jobs sharing a claim keep apart and a resubmitted
     job finds its checkpoints."""
+    url: str | None = None
+    """Instead of pvc: an object store, `s3://bucket/prefix` (also gs://, az://). Every rank writes its
+    part of each checkpoint there, so jobs of any number of nodes need no shared volume. Credentials come
+    from secret_env (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), an S3-compatible store's endpoint from
+    env (AWS_ENDPOINT_URL). The prefix is the run's: a resubmitted job resumes from it."""
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Output:
+        from orchestrator import storage
+
+        if (self.pvc is None) == (self.url is None):
+            raise FieldError("output", "set exactly one of pvc (a volume) or url (an object store)")
+        if self.url is not None and (problem := storage.url_problem(self.url)):
+            raise FieldError("output.url", problem)
+        if self.url is not None and self.sub_path is not None:
+            raise FieldError("output.sub_path", "applies to output.pvc; put the folder in output.url")
+        return self
 
 
 class Elastic(Model):

@@ -22,7 +22,12 @@ from orchestrator.trainer.tracking import read_links
 @click.option(
     "--steps", type=click.IntRange(min=1), help="Optimizer steps (overrides train.max_steps/epochs)."
 )
-@click.option("--out", "output_dir", type=click.Path(file_okay=False), help="Output directory.")
+@click.option(
+    "--out",
+    "output_dir",
+    type=click.Path(file_okay=False),
+    help="Output directory, or an object store (s3://bucket/prefix) for checkpoints, model and summary.",
+)
 def run(
     job_file: str, overrides: tuple[str, ...], procs: int | None, steps: int | None, output_dir: str | None
 ) -> None:
@@ -34,6 +39,9 @@ def run(
     --out resumes from the last checkpoint, and a directory another live run holds is refused.
     The first Ctrl-C (or SIGTERM) lets every rank finish its step and write a checkpoint
     (train.checkpoint.on_stop), then prints the command that resumes; a second Ctrl-C stops at once.
+    --out s3://bucket/prefix (or gs://, az://) keeps checkpoints, model.pt, summary.json and TensorBoard's
+    events in the object store (credentials and AWS_ENDPOINT_URL from the environment or the job's env);
+    the logs stay in runs/NAME-TIMESTAMP/.
     With `restart.policy: job` a failing rank restarts every rank, up to restart.max_restarts times.
     Metrics are served on 127.0.0.1 (another port when the job's is taken; ORCH_METRICS_ADDR to change).
 
@@ -56,8 +64,10 @@ def run(
     )
     for warning in local.check_devices(plan):
         click.echo(f"warning: {warning}", err=True)
+    local.check_store(plan)
     with local.claim(plan) as claimed:
-        click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/")
+        kept = f" (checkpoints, model, summary: {plan.output_url}/)" if plan.output_url else ""
+        click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/{kept}")
         if spec.tracking.tensorboard:
             click.echo(f"tensorboard --logdir {claimed.output_dir / TENSORBOARD_SUBDIR}")
         try:

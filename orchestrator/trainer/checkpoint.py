@@ -20,6 +20,12 @@ complete checkpoints, and removes one that is not complete only once a newer com
 then it may be all a user has left). A checkpoint written again at the same step replaces the old one only
 once it is complete itself.
 
+On an object store (`output.url`, `orch run --out s3://...`, a `checkpoint.dir` URL) there is no rename:
+every rank writes its part straight into `step-00000120/` and rank 0 writes the marker last, once every
+rank's objects are there, so the marker's presence (and its listing) is what makes a checkpoint complete. A
+prefix without a marker is a write that was killed, removed at the next start as a `.tmp` is on disk. The
+directory is a `pathlib.Path` or a `upath.UPath` (orchestrator/storage.py): the same code reads both.
+
 On resume every rank reads its own part from the shared directory (DCP reshards: a checkpoint written by
 4 ranks loads on 2, under DDP and FSDP alike); nothing is broadcast from rank 0. All ranks must therefore
 see the same checkpoint directory: any local directory on one node, a shared volume across nodes.
@@ -32,8 +38,10 @@ Loading a checkpoint outside orch: see docs/trainer.md ("Loading a checkpoint ou
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import random
@@ -48,6 +56,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
+
+from orchestrator import storage
 
 FORMAT = "orch-checkpoint/2"
 LEGACY_FORMAT = "orch-checkpoint/1"
@@ -100,7 +110,7 @@ def file_digest(stream: Any) -> str:
 
 
 def _digest_of(path: Path) -> str:
-    with open(path, "rb") as stream:
+    with path.open("rb") as stream:  # a Path or an object store's UPath
         return file_digest(stream)
 
 
@@ -200,7 +210,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temporary file, fsync, rename into place, fsync the directory (model.pt)."""
+    """torch.save to a temporary file, fsync, rename into place, fsync the directory (model.pt).
+    On an object store one PUT is already atomic."""
+    if storage.is_remote(path):
+        path.write_bytes(_to_bytes(state))
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as file:
@@ -215,6 +229,9 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
 
 
 def _write_file(path: Path, data: bytes) -> None:
+    if storage.is_remote(path):  # one PUT: an object appears whole or not at all
+        path.write_bytes(data)
+        return
     with open(path, "wb") as file:
         file.write(data)
         file.flush()
@@ -223,14 +240,17 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _finalize(tmp: Path, final: Path, *, step: int, world_size: int, mode: str) -> None:
     """Rank 0, once every rank's files are written: list them with their sizes and content digests, write
-    the marker, rename into place."""
+    the marker, rename into place (on an object store `tmp` is `final` and the marker, written last,
+    is what completes it)."""
     files = {
         p.name: {"size": p.stat().st_size, DIGEST: _digest_of(p)}
-        for p in sorted(tmp.iterdir())
+        for p in sorted(tmp.iterdir(), key=lambda p: p.name)
         if p.is_file()
     }
     marker = {"format": FORMAT, "step": step, "world_size": world_size, "parallel": mode, "files": files}
     _write_file(tmp / MARKER, (json.dumps(marker, indent=1) + "\n").encode())
+    if storage.is_remote(tmp):
+        return
     fsync_dir(tmp)
     if final.exists():
         # The same step written again (a run resumed from an earlier checkpoint, this one skipped): the
@@ -252,6 +272,11 @@ NEARLY_FULL = 16 * 2**20
 
 def _describe(error: BaseException, directory: Path) -> str:
     """One phrase for a failed write; a full disk says so whichever rank and layer noticed it."""
+    if storage.is_remote(directory):
+        failures = getattr(error, "failures", None)  # DCP's CheckpointException: {rank: exception}
+        if isinstance(failures, dict) and failures:
+            error = next(iter(failures.values()))
+        return storage.describe(error)
     text = str(error)
     try:
         free = shutil.disk_usage(directory).free
@@ -314,6 +339,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(state["cuda"]), dtype=torch.uint8))
 
 
+def check_stores(places: list[str | None], *, rank: int) -> None:
+    """Collective: rank 0 writes a probe to each object store named in `places` (local paths are skipped)
+    and every rank raises the same StorageError when one cannot be written: at start, in one line."""
+    problem = None
+    if rank == 0:
+        for place in places:
+            if place and storage.is_url(place):
+                try:
+                    storage.check_writable(place)
+                except storage.StorageError as error:
+                    problem = str(error)
+                    break
+    if dist.is_initialized():
+        shared = [problem]
+        dist.broadcast_object_list(shared, src=0)
+        problem = shared[0]
+    if problem:
+        raise storage.StorageError(problem)
+
+
 @dataclass
 class Resumed:
     """What a resume found: the training state beside the model and optimizer (already loaded)."""
@@ -329,7 +374,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: Path,
+        directory: Path | Any,
         *,
         every_steps: int,
         keep: int,
@@ -343,7 +388,12 @@ class Checkpointer:
         self.async_save = async_save
         self._pending: tuple[Any, Path, Path, int] | None = None  # (future, tmp, final, step)
         self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
-        if rank == 0:
+        self.remote = storage.is_remote(directory)
+        if rank == 0 and self.remote:
+            for leftover in list_checkpoints(directory):  # writes that were killed: no marker
+                if leftover.is_dir() and not (leftover / MARKER).exists():
+                    storage.remove_tree(leftover)
+        elif rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
             for leftover in directory.iterdir():  # from writes that were killed
                 if TMP.match(leftover.name):
@@ -367,7 +417,7 @@ class Checkpointer:
 
         self.wait()  # one write in flight at a time
         final = path_for(self.directory, step)
-        tmp = self.directory / f".{final.name}.tmp"
+        tmp = final if self.remote else self.directory / f".{final.name}.tmp"  # no rename on object stores
         rng_states: list[Any] = [None] * self.world_size
         dist.all_gather_object(rng_states, rng_state())
         model_state, optimizer_state = get_state_dict(module, optimizer)
@@ -376,9 +426,10 @@ class Checkpointer:
         error: BaseException | None = None
         try:
             if self.rank == 0:
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir(parents=True)
+                if tmp.exists():  # the same step written again (a run resumed from an earlier checkpoint)
+                    storage.remove_tree(tmp)
+                if not self.remote:
+                    tmp.mkdir(parents=True)
             dist.barrier()
             state = {"model": model_state, "optimizer": optimizer_state}
             if self.async_save:
@@ -405,12 +456,17 @@ class Checkpointer:
         if failed is None:
             return
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_quietly(tmp)
         raise CheckpointError(
-            f"checkpoint at step {step}: could not write {self.directory}: {failed}; free space there "
-            "(or point train.checkpoint.dir elsewhere) and run again: training resumes from the last "
-            "complete checkpoint"
+            f"checkpoint at step {step}: could not write {self.directory}: {failed}; {self._remedy} and run "
+            "again: training resumes from the last complete checkpoint"
         ) from error
+
+    @property
+    def _remedy(self) -> str:
+        if self.remote:
+            return "check the store (its credentials, its endpoint, that it is up)"
+        return "free space there (or point train.checkpoint.dir elsewhere)"
 
     def poll(self) -> None:
         """Async saves: put a finished write in place (rank 0, no collective). Cheap; call every step."""
@@ -435,10 +491,10 @@ class Checkpointer:
         except (Exception, CheckpointException) as error:
             reason = _describe(error, self.directory)
             if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_quietly(tmp)
             raise CheckpointError(
-                f"checkpoint at step {step}: could not write {self.directory}: {reason}; free "
-                "space there (or point train.checkpoint.dir elsewhere) and run again"
+                f"checkpoint at step {step}: could not write {self.directory}: {reason}; {self._remedy} "
+                "and run again"
             ) from error
 
     def _rotate(self) -> None:
@@ -450,11 +506,11 @@ class Checkpointer:
         for path in list_checkpoints(self.directory):
             if verify(path, content=False) is not None:
                 if kept:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                    storage.remove_tree(path)
                 continue
             kept += 1
             if kept > self.keep:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                storage.remove_tree(path)
 
     # --- resume --------------------------------------------------------------------------------
 
@@ -526,7 +582,9 @@ class Checkpointer:
         set_state_dict(
             module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )
-        return torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
+        return torch.load(
+            io.BytesIO((path / TRAIN_STATE).read_bytes()), map_location="cpu", weights_only=True
+        )
 
     def _load_legacy(self, path: Path, module: Any, optimizer: Any) -> dict[str, Any]:
         """orch-checkpoint/1: one torch.save file of full states (optimizer keyed by parameter index)."""
@@ -581,11 +639,15 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _to_bytes(value: Any) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
+
+
+def _remove_quietly(path: Any) -> None:
+    # the store may be what failed; the next start removes what is left
+    with contextlib.suppress(Exception):
+        storage.remove_tree(path)
 
 
 def seed_everything(seed: int, rank: int) -> None:

@@ -118,6 +118,7 @@ def train(
     Returns 0, or the signal that stopped the loop early (after writing a checkpoint)."""
     import torch
 
+    from orchestrator import storage
     from orchestrator.trainer import checkpoint, data, parallel, precision, report, tracking
     from orchestrator.trainer.evaluate import evaluate
     from orchestrator.trainer.schedule import Scheduler, lr_at
@@ -126,6 +127,10 @@ def train(
 
     # --- task, model, optimizer, schedule, precision ----------------------------------------------
     output_dir = Path(runtime.output_dir)
+    # What the run keeps (checkpoints, model.pt, summary.json, TensorBoard's events) goes to the object
+    # store when there is one; a store that cannot be written to stops every rank here, in one line.
+    kept = storage.location(runtime.output_url) if runtime.output_url else output_dir
+    checkpoint.check_stores([runtime.output_url, cfg.checkpoint.dir], rank=world.rank)
     checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
     if cfg.deterministic:  # off by default: it costs speed (about 9% on CPU, more with some CUDA kernels)
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -152,7 +157,7 @@ def train(
     scaler = parallel.grad_scaler(cfg.precision, world.device, cfg.parallel)
     autocast = precision.autocast(cfg.precision, world.device)
     checkpoints = checkpoint.Checkpointer(
-        checkpoint_dir(output_dir, cfg.checkpoint.dir),
+        checkpoint_dir(kept, cfg.checkpoint.dir),
         every_steps=cfg.checkpoint.every_steps,
         keep=cfg.checkpoint.keep,
         rank=world.rank,
@@ -207,6 +212,11 @@ def train(
             "tracking": tracker.state(),  # {"mlflow_run_id": ...} from rank 0, which writes the checkpoint
         }
         checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
+        if world.is_main and kept is not output_dir and runtime.tracking.tensorboard_dir:
+            # TensorBoard writes locally; its events so far travel with each checkpoint
+            storage.upload(
+                output_dir / runtime.tracking.tensorboard_dir, kept / runtime.tracking.tensorboard_dir
+            )
 
     eval_batches = (
         data.eval_loader(task.eval_dataset, rank=world.rank, world_size=world.world_size, batch_size=micro)
@@ -310,6 +320,10 @@ def train(
         if final_model is not None:
             checkpoint.write_atomic(output_dir / "model.pt", final_model)
         report.write_json(output_dir / "summary.json", summary)
+        if kept is not output_dir:  # the local copies stay: `orch run` reads summary.json, MLflow the model
+            for name in ("model.pt", "summary.json", runtime.tracking.tensorboard_dir):
+                if name:
+                    storage.upload(output_dir / name, kept / name)
         model_file = [output_dir / "model.pt"] if runtime.tracking.mlflow_log_model else []
         tracker.log_artifacts([output_dir / "summary.json", *model_file])
         reporter.done(summary, summary_file=output_dir / "summary.json")
@@ -354,7 +368,11 @@ def memory_over_ranks(mine: dict[str, int | None]) -> dict[str, int | None]:
     return {key: max((r[key] for r in reports if r[key] is not None), default=None) for key in mine}
 
 
-def checkpoint_dir(output_dir: Path, configured: str | None) -> Path:
+def checkpoint_dir(output_dir: Any, configured: str | None) -> Any:
+    from orchestrator import storage
+
     if configured is None:
         return output_dir / "checkpoints"
+    if storage.is_url(configured):
+        return storage.location(configured)
     return output_dir / configured  # an absolute `configured` replaces output_dir (pathlib's `/`)

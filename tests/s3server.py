@@ -1,0 +1,147 @@
+"""A real S3-compatible HTTP server on 127.0.0.1 for the object-storage tests: moto's server mode.
+
+moto needs boto3/botocore, which pin python-dateutil below what the kubernetes client needs, so it lives in a
+venv of its own (`make install` builds .venv-moto, as it builds .venv-mlflow for the MLflow server);
+ORCH_MOTO_PYTHON names another Python that has `moto[server]`. The server listens on a free port (port 0),
+keeps its objects in memory, and accepts any credentials (moto does not check signatures by default).
+
+`Throttling` is a proxy in front of it that answers every `every`-th request with S3's
+`503 SlowDown`, as a throttled bucket does, and forwards the rest.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER = """
+import sys, time
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print("%s:%d" % server.get_host_and_port(), flush=True)
+sys.stdin.read()  # until the test closes our stdin (or kills us)
+"""
+
+
+def moto_python() -> str:
+    path = os.environ.get("ORCH_MOTO_PYTHON") or str(REPO / ".venv-moto" / "bin" / "python")
+    if not Path(path).is_file():
+        message = f"no moto server at {path} (`make install` builds .venv-moto; or set ORCH_MOTO_PYTHON)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@dataclass
+class S3Server:
+    process: subprocess.Popen[str]
+    endpoint: str
+
+    def create_bucket(self, name: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")).read()
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """What a job's pods get through secret_env and env: credentials and the store's endpoint."""
+        return {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+        }
+
+
+@contextmanager
+def s3_server(*, check_credentials: bool = False) -> Iterator[S3Server]:
+    """A fresh server. check_credentials: moto checks access keys (after one unchecked request, which
+    creates the bucket), so only keys moto's IAM knows are accepted: none are."""
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "1"} if check_credentials else None
+    process = subprocess.Popen(
+        [moto_python(), "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        address = process.stdout.readline().strip() if process.stdout else ""
+        assert address, "moto did not start"
+        yield S3Server(process, f"http://{address}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+class Throttling:
+    """A proxy to `upstream` that throttles every `every`-th request with 503 SlowDown."""
+
+    def __init__(self, upstream: str, every: int = 3) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.every, self.requests, self.throttled = every, 0, 0
+        lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    proxy.requests += 1
+                    throttle = proxy.requests % proxy.every == 0
+                    proxy.throttled += throttle
+                if throttle:
+                    error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(error)
+                    return
+                connection = http.client.HTTPConnection(proxy.upstream, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = proxy.upstream
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Throttling:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

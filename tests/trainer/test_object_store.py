@@ -1,0 +1,243 @@
+"""Checkpoints and outputs on an object store, against a real S3-compatible server on 127.0.0.1 (moto's
+server mode, tests/s3server.py): write, rotate, resume (also at another world size through `orch run`),
+a kill during a save, a store that throttles (503 SlowDown) and one that dies mid-run, a missing bucket
+and bad credentials at start. Nothing is mocked: HTTP requests to a real server, a real gloo group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchestrator import storage
+from orchestrator.trainer import checkpoint
+from tests.s3server import Throttling, s3_server
+from tests.trainer.test_checkpoint import TRAIN_STATE, full_state, trained
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    with s3_server() as server:
+        server.create_bucket("bkt")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+@pytest.fixture
+def group(tmp_path_factory):
+    store = tmp_path_factory.mktemp("store") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def saver(url: str, keep: int = 2, **kwargs) -> checkpoint.Checkpointer:
+    return checkpoint.Checkpointer(
+        storage.location(url), every_steps=10, keep=keep, rank=0, world_size=1, **kwargs
+    )
+
+
+def names(url: str) -> list[str]:
+    root = storage.location(url)
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_checkpoints_write_rotate_verify_and_resume_on_an_s3_store(s3, group):
+    url = "s3://bkt/run/checkpoints"
+    module, optimizer = trained()
+    store = saver(url)
+    for step in (10, 20, 30):
+        store.save(step, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    assert names(url) == ["step-00000020", "step-00000030"]  # rotation deleted step 10's objects
+    newest = storage.location(url) / "step-00000030"
+    assert sorted(p.name for p in newest.iterdir()) == [
+        ".metadata", "__0_0.distcp", "orch-checkpoint.json", "train.pt"
+    ]  # fmt: skip
+    assert checkpoint.verify(newest) is None
+    other, other_optimizer = trained(seed=1)
+    resumed = saver(url).load(module=other, optimizer=other_optimizer)
+    assert resumed.step == 30 and str(resumed.path) == f"{url}/step-00000030"
+    assert resumed.state["counters"] == TRAIN_STATE["counters"]
+    expected, got = full_state(module), full_state(other)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    # model.pt: one PUT, loadable by torch.load from the object's bytes
+    checkpoint.write_atomic(storage.location("s3://bkt/run/model.pt"), checkpoint.full_model_state(module))
+    import io
+
+    plain = torch.load(io.BytesIO(storage.location("s3://bkt/run/model.pt").read_bytes()), weights_only=True)
+    assert all(torch.equal(plain[k], expected[k]) for k in expected)
+
+
+def test_async_saves_land_complete_on_an_s3_store(s3, group):
+    url = "s3://bkt/async/checkpoints"
+    module, optimizer = trained()
+    store = saver(url, async_save=True)
+    store.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    store.close()  # waits for the write and writes the marker
+    assert checkpoint.verify(storage.location(url) / "step-00000010") is None
+
+
+def test_a_marker_less_prefix_is_not_a_checkpoint_and_the_next_start_removes_it(s3, group):
+    url = "s3://bkt/partial/checkpoints"
+    module, optimizer = trained()
+    saver(url).save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    partial = storage.location(url) / "step-00000020"
+    (partial / "__0_0.distcp").write_bytes(b"half a shard")  # what a kill before the marker leaves
+    assert checkpoint.verify(partial) == "no orch-checkpoint.json (an incomplete write)"
+    assert checkpoint.newest_valid(storage.location(url))[0] == storage.location(url) / "step-00000010"
+    resumed = saver(url).load(module=module, optimizer=optimizer)
+    assert resumed.step == 10 and names(url) == ["step-00000010"]
+
+
+KILL_SCRIPT = """
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, {repo!r})
+from torch import nn
+from orchestrator import storage
+from orchestrator.trainer import checkpoint
+dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+store = checkpoint.Checkpointer(storage.location({url!r}), every_steps=10, keep=5, rank=0, world_size=1)
+small = nn.Linear(4, 4)
+store.save(10, module=small, optimizer=torch.optim.SGD(small.parameters(), lr=0.1), train_state={{}})
+print("first done", flush=True)
+big = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(12)])  # ~200 MB: the write takes a while
+store.save(20, module=big, optimizer=torch.optim.SGD(big.parameters(), lr=0.1), train_state={{}})
+print("second done", flush=True)
+"""
+
+
+def test_a_kill_during_an_s3_save_leaves_the_previous_checkpoint_loadable(s3, tmp_path):
+    url = "s3://bkt/kill/checkpoints"
+    script = KILL_SCRIPT.format(repo=str(REPO_ROOT), store=str(tmp_path / "store"), url=url)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "first done"
+    partial = storage.location(url) / "step-00000020"
+    deadline = time.monotonic() + 180
+    while not (partial.exists() and any(True for _ in partial.iterdir())):  # the first object of step 20
+        assert time.monotonic() < deadline and process.poll() is None, "the write never started"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (partial / checkpoint.MARKER).exists(), "the write finished before the kill"
+    assert checkpoint.newest_valid(storage.location(url))[0] == storage.location(url) / "step-00000010"
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store2", rank=0, world_size=1)
+    try:
+        small = nn.Linear(4, 4)
+        resumed = saver(url).load(module=small, optimizer=torch.optim.SGD(small.parameters(), lr=0.1))
+        assert resumed.step == 10 and names(url) == ["step-00000010"]  # the leftover was removed
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_throttling_store_is_retried_with_backoff(s3, group, monkeypatch):
+    with Throttling(s3.endpoint, every=3) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        url = "s3://bkt/throttled/checkpoints"
+        module, optimizer = trained()
+        store = saver(url)
+        for step in (10, 20, 30):
+            store.save(step, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+        other, other_optimizer = trained(seed=1)
+        assert saver(url).load(module=other, optimizer=other_optimizer).step == 30
+        assert names(url) == ["step-00000020", "step-00000030"]
+    assert proxy.throttled >= 10, proxy.throttled  # every third request was a 503 SlowDown, and retried
+
+
+def test_a_store_that_dies_mid_run_fails_the_save_in_one_line(s3, group, monkeypatch):
+    monkeypatch.setenv(storage.RETRY_SECONDS, "2")
+    url = "s3://bkt/dies/checkpoints"
+    module, optimizer = trained()
+    store = saver(url)
+    store.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    s3.kill()
+    started = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        store.save(20, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    assert time.monotonic() - started < 60  # the retry budget, not a hang
+    assert str(caught.value) == (
+        f"checkpoint at step 20: could not write {url}: the store cannot be reached (connection refused); "
+        "check the store (its credentials, its endpoint, that it is up) and run again: training resumes "
+        "from the last complete checkpoint"
+    )
+
+
+def test_a_missing_bucket_or_bad_credentials_is_one_line_at_start(s3, monkeypatch):
+    with pytest.raises(storage.StorageError) as caught:
+        storage.check_writable("s3://no-such-bucket/run")
+    assert str(caught.value) == "cannot write to s3://no-such-bucket/run: the bucket does not exist"
+    with s3_server(check_credentials=True) as strict:
+        strict.create_bucket("bkt")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", strict.endpoint)
+        with pytest.raises(storage.StorageError) as caught:
+            storage.check_writable("s3://bkt/run")
+    assert str(caught.value) == (
+        "cannot write to s3://bkt/run: the access key is not known to the store (check AWS_ACCESS_KEY_ID)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("ftp://host/run", "scheme ftp:// is not supported (supported: s3://, gs://, az://)"),
+        ("s3:///run", "'s3:///run' names no bucket (s3://BUCKET/prefix)"),
+        ("s3://bucket/run", None),
+        ("gs://bucket", None),
+    ],
+)
+def test_url_problems(text, problem):
+    assert storage.url_problem(text) == problem
+
+
+def orch(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", *args],
+        env={**os.environ, "ORCH_METRICS_PORT": "0", **env}, cwd=cwd, capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+
+
+def test_orch_run_out_s3_keeps_everything_in_the_store_and_resumes_at_another_world_size(s3, tmp_path):
+    job = str(REPO_ROOT / "examples" / "digits.yaml")
+    common = ("--set", "train.checkpoint.every_steps=10", "--set", "tracking.tensorboard=true")
+    first = orch(job, "--steps", "20", *common, "--out", "s3://bkt/digits", env=s3.env(), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "(checkpoints, model, summary: s3://bkt/digits/)" in first.stdout
+    second = orch(job, "--procs", "1", "--steps", "30", *common, "--out", "s3://bkt/digits/",
+                  env=s3.env(), cwd=tmp_path)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "resumed from s3://bkt/digits/checkpoints/step-00000020 at step 20" in second.stdout
+    root = storage.location("s3://bkt/digits")
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 20 and summary["steps"] == 30 and summary["world_size"] == 1
+    assert names("s3://bkt/digits") == ["checkpoints", "model.pt", "summary.json", "tensorboard"]
+    assert names("s3://bkt/digits/checkpoints") == ["step-00000020", "step-00000030"]
+    assert any(p.name.startswith("events.out.tfevents") for p in (root / "tensorboard").iterdir())
+    # the logs stay on this machine, in a new local directory per run
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_orch_run_refuses_an_unusable_store_in_one_line_before_starting(s3, tmp_path):
+    job = str(REPO_ROOT / "examples" / "digits.yaml")
+    missing = orch(job, "--out", "s3://no-such-bucket/run", env=s3.env(), cwd=tmp_path)
+    assert (missing.returncode, missing.stderr) == (
+        2, "error: cannot write to s3://no-such-bucket/run: the bucket does not exist\n"
+    )  # fmt: skip
+    unsupported = orch(job, "--out", "ftp://host/run", env=s3.env(), cwd=tmp_path)
+    assert (unsupported.returncode, unsupported.stderr) == (
+        2, "error: --out ftp://host/run: scheme ftp:// is not supported (supported: s3://, gs://, az://)\n"
+    )  # fmt: skip
+    assert not (tmp_path / "runs").exists()  # nothing half-done on disk
