@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI
+from tests.tiers import starts_a_process
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = """
@@ -70,6 +71,7 @@ class S3Server:
         }
 
 
+@starts_a_process  # (through contextmanager's wrapper, which tests/tiers.py's search does not enter)
 @contextmanager
 def s3_server(*, check_credentials: bool = False) -> Iterator[S3Server]:
     """A fresh server. check_credentials: moto checks access keys (after one unchecked request, which

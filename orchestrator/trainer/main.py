@@ -321,9 +321,9 @@ def train(
             checkpoint.write_atomic(output_dir / "model.pt", final_model)
         report.write_json(output_dir / "summary.json", summary)
         if kept is not output_dir:  # the local copies stay: `orch run` reads summary.json, MLflow the model
-            for name in ("model.pt", "summary.json", runtime.tracking.tensorboard_dir):
-                if name:
-                    storage.upload(output_dir / name, kept / name)
+            tensorboard = [runtime.tracking.tensorboard_dir] if runtime.tracking.tensorboard_dir else []
+            for name in ["model.pt", "summary.json", *tensorboard]:
+                storage.upload(output_dir / name, kept / name)
         model_file = [output_dir / "model.pt"] if runtime.tracking.mlflow_log_model else []
         tracker.log_artifacts([output_dir / "summary.json", *model_file])
         reporter.done(summary, summary_file=output_dir / "summary.json")

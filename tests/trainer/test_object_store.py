@@ -25,7 +25,6 @@ from tests.s3server import Throttling, s3_server
 from tests.trainer.test_checkpoint import TRAIN_STATE, full_state, trained
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
