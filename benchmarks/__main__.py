@@ -10,10 +10,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from benchmarks import cli, data_order, training
+from benchmarks import cli, cluster, data_order, training
 from benchmarks.harness import BenchError
 
-SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data")
+SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data", "cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one round and fewer steps: a smoke pass")
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--pods", help="cluster section: job sizes to measure, e.g. 8,64 (default 8,64,512,1024; --quick 8,64)"
+    )
     args = parser.parse_args(argv)
     sections = args.only or list(SECTIONS)
     quick = args.quick
@@ -42,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             results["cli"] = cli.latency(repeats=3 if quick else 15)
         if "startup" in sections:
             results["startup"] = training.startup(rounds=1 if quick else 3)
+        if "cluster" in sections:
+            sizes = cluster.QUICK_SIZES if quick else cluster.SIZES
+            if args.pods:
+                sizes = tuple(int(n) for n in args.pods.split(","))
+            results["cluster"] = cluster.measure(sizes=sizes, rounds=1 if quick else 3)
         if "data" in sections:
             results["data"] = data_order.order_cost(steps=50 if quick else 200)
     except BenchError as error:
