@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
-        "--pods", help="cluster section: job sizes to measure, e.g. 8,64 (default 8,64,512,1024; --quick 8,64)"
+        "--pods",
+        help="cluster section: job sizes to measure, e.g. 8,64 (default 8,64,512,1024; --quick 8,64)",
     )
     args = parser.parse_args(argv)
     sections = args.only or list(SECTIONS)

@@ -12,6 +12,7 @@ watches, not polls), and `orch render` / `orch submit` at 1,024 nodes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
@@ -72,10 +73,8 @@ class CountingProxy:
             pass
         finally:
             for end in (source, sink):
-                try:
+                with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self.server.close()
@@ -88,7 +87,9 @@ class Bench:
         self.kube = kube
         self.proxy = CountingProxy(int(kube.url.rsplit(":", 1)[1]))
         url = f"http://127.0.0.1:{self.proxy.port}"
-        self.kubeconfig = write_kubeconfig(work / "kubeconfig", url, contexts={"bench": "default"}, current="bench")
+        self.kubeconfig = write_kubeconfig(
+            work / "kubeconfig", url, contexts={"bench": "default"}, current="bench"
+        )
         home = work / "home"
         home.mkdir()
         self.env = base_env(KUBECONFIG=str(self.kubeconfig), HOME=str(home))
@@ -178,7 +179,9 @@ def measure(*, sizes: tuple[int, ...] = SIZES, rounds: int = 3) -> dict[str, Any
     work = scratch_dir("orch-bench-cluster-")
     with serve(operator=True, trainer=True) as kube:
         bench = Bench(kube, work)
-        bench.kubectl("version", "--request-timeout=5s", ok=(0, 1))  # kubectl's discovery cache, as a user has it
+        bench.kubectl(
+            "version", "--request-timeout=5s", ok=(0, 1)
+        )  # kubectl's discovery cache, as a user has it
         # The floor under every orch command: the interpreter and the official client's import.
         floor = [bench.run([sys.executable, "-c", "import kubernetes.client"]) for _ in range(rounds)]
         results["rows"].append({"api": "-", "pods": 0, "command": "python -c 'import kubernetes.client'",
@@ -193,7 +196,9 @@ def measure(*, sizes: tuple[int, ...] = SIZES, rounds: int = 3) -> dict[str, Any
     return results
 
 
-def _one_size(bench: Bench, api: str, size: int, rounds: int, window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _one_size(
+    bench: Bench, api: str, size: int, rounds: int, window: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     kube, namespace, name = bench.kube, f"{api}-{size}", "big"
     rounds = rounds if size <= 64 else 1  # a big job's commands take long: one round each
     job = _job_file(bench.work, f"{api}-{size}", size, api)
@@ -218,11 +223,22 @@ def _one_size(bench: Bench, api: str, size: int, rounds: int, window: list[dict[
         [bench.kubectl("logs", "-n", namespace, "-l", selector, "--tail", "1", "--prefix", "--max-log-requests", "10")
          for _ in range(rounds)],
         "kubectl logs -l ... --tail 1 --prefix --max-log-requests 10")  # fmt: skip
-    row("logs (default selection)", [bench.orch("logs", name, "-n", namespace) for _ in range(rounds)], None, "")
+    row(
+        "logs (default selection)",
+        [bench.orch("logs", name, "-n", namespace) for _ in range(rounds)],
+        None,
+        "",
+    )
     # Requests while waiting on a running job for a fixed window: constant in the job's size.
     wait_window = bench.orch("wait", name, "-n", namespace, "--timeout", f"{WAIT_WINDOW:g}s", ok=(124,))
     kubectl_window = bench.kubectl(
-        "wait", "-n", namespace, f"{kind}/{name}", "--for=condition=Succeeded", f"--timeout={WAIT_WINDOW:g}s", ok=(1,)
+        "wait",
+        "-n",
+        namespace,
+        f"{kind}/{name}",
+        "--for=condition=Succeeded",
+        f"--timeout={WAIT_WINDOW:g}s",
+        ok=(1,),
     )
     window.append({"api": api, "pods": size, "orch": asdict(wait_window), "kubectl": asdict(kubectl_window)})
     _finish(kube, namespace, name, api)
@@ -234,7 +250,9 @@ def _one_size(bench: Bench, api: str, size: int, rounds: int, window: list[dict[
     # delete: kubectl deletes a copy of the job (the same object under another name)
     copy = kube.get(f"{'trainer.kubeflow.org/v1alpha1/trainjobs' if api == 'trainjob' else 'kubeflow.org/v1/pytorchjobs'}",
                     namespace, name)  # fmt: skip
-    resource = "trainer.kubeflow.org/v1alpha1/trainjobs" if api == "trainjob" else "kubeflow.org/v1/pytorchjobs"
+    resource = (
+        "trainer.kubeflow.org/v1alpha1/trainjobs" if api == "trainjob" else "kubeflow.org/v1/pytorchjobs"
+    )
     copy = dict(copy, metadata={"name": f"{name}-copy", "labels": copy["metadata"].get("labels", {})})
     kube.put(resource, namespace, copy)
     row("delete", [bench.orch("delete", name, "-n", namespace)],
@@ -251,7 +269,9 @@ def _many_jobs(bench: Bench, rounds: int) -> list[dict[str, Any]]:
         namespace = f"many-{api}"
         job = _job_file(bench.work, f"many-{api}", 2, api, name="j-000")
         bench.orch("submit", str(job), "-n", namespace)
-        resource = "trainer.kubeflow.org/v1alpha1/trainjobs" if api == "trainjob" else "kubeflow.org/v1/pytorchjobs"
+        resource = (
+            "trainer.kubeflow.org/v1alpha1/trainjobs" if api == "trainjob" else "kubeflow.org/v1/pytorchjobs"
+        )
         template = bench.kube.get(resource, namespace, "j-000")
         for i in range(1, LIST_JOBS):
             meta = dict(template["metadata"], name=f"j-{i:03d}")
@@ -292,7 +312,9 @@ def _print(results: dict[str, Any]) -> None:
         ))  # fmt: skip
     print(table(("api", "pods", "command", "orch wall", "cpu", "req", "read", "MiB", "kubectl wall", "cpu", "req",
                  "read", "MiB", "wall ratio", "cpu ratio"), rows))  # fmt: skip
-    print(f"\n   requests and bytes while waiting {WAIT_WINDOW:g} s on a running job (orch wait / kubectl wait)")
+    print(
+        f"\n   requests and bytes while waiting {WAIT_WINDOW:g} s on a running job (orch wait / kubectl wait)"
+    )
     print(table(("api", "pods", "orch req", "orch read", "kubectl req", "kubectl read"), [
         (w["api"], w["pods"], w["orch"]["requests"], _kb(w["orch"]["bytes_read"]), w["kubectl"]["requests"],
          _kb(w["kubectl"]["bytes_read"])) for w in results["wait_window"]]))  # fmt: skip

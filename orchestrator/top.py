@@ -44,6 +44,7 @@ class Row:
     memory_used_bytes: float | None = None
     memory_total_bytes: float | None = None
     power_watts: float | None = None
+    ready_seconds: float | None = None  # time of the last step until this rank reached the gradient reduction
 
 
 @dataclass
@@ -113,10 +114,13 @@ def _get(url: str, timeout: float) -> bytes:
         raise TopError(f"cannot reach {url.split('?')[0]}: {reason}") from error
 
 
-def _prometheus_query(base: str, expr: str, timeout: float) -> list[tuple[dict[str, str], float]]:
-    """The instant vector `expr`; an answer that is not Prometheus's JSON is one error, a malformed sample
-    is skipped (whatever a server sends, no traceback)."""
-    raw = _get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout)
+def _prometheus_query(
+    base: str, expr: str, timeout: float, at: float | None = None
+) -> list[tuple[dict[str, str], float]]:
+    """The instant vector `expr` (at `at`, default now); an answer that is not Prometheus's JSON is one error,
+    a malformed sample is skipped (whatever a server sends, no traceback)."""
+    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+    raw = _get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}", timeout)
     try:
         body = json.loads(raw)
     except ValueError:
@@ -150,6 +154,7 @@ def from_prometheus(
         "orch_rank_info": f"orch_rank_info{sel}",
         "orch_train_step": f"orch_train_step{sel}",
         "orch_train_loss": f"orch_train_loss{sel}",
+        "orch_train_step_ready_seconds": f"orch_train_step_ready_seconds{sel}",
         "samples_per_second": f"sum by (rank) (rate(orch_train_samples_total{sel}[{window}]))",
         "orch_gpu_info": f"orch_gpu_info{sel}",
         "orch_gpu_utilization_ratio": f"orch_gpu_utilization_ratio{sel}",
@@ -171,11 +176,14 @@ def _scrape(url: str, job: str, timeout: float) -> _Series:
 
     text = _get(url, timeout).decode(errors="replace")
     series = _Series()
+    others: set[str] = set()  # the jobs this endpoint serves instead
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.labels.get("job") == job:
                     series.add(sample.name, dict(sample.labels), sample.value)
+                elif sample.name.startswith("orch_") and "job" in sample.labels:
+                    others.add(sample.labels["job"])
     except (
         ValueError,
         TypeError,
@@ -185,6 +193,12 @@ def _scrape(url: str, job: str, timeout: float) -> _Series:
         raise TopError(
             f"{url} does not serve Prometheus metrics ({error.__class__.__name__}: {error})"
         ) from None
+    if not series.values and others:
+        # another run (or another program) owns the port: its numbers are not this job's
+        raise TopError(
+            f"{url} serves the metrics of {', '.join(sorted(others))}, not of job {job}: is {job} running "
+            "here? (`orch run` prints its metrics URL; --port or --exporter picks another)"
+        )
     return series
 
 
@@ -241,6 +255,7 @@ def _rows(series: _Series) -> list[Row]:
         for labels, _ in series.values.get(name, [])
     }
     step, loss = series.by("orch_train_step", "rank"), series.by("orch_train_loss", "rank")
+    ready = series.by("orch_train_step_ready_seconds", "rank")
     rate = series.by("samples_per_second", "rank")
     ranks = {
         labels["rank"]: labels for labels, _ in series.values.get("orch_rank_info", []) if "rank" in labels
@@ -270,6 +285,7 @@ def _rows(series: _Series) -> list[Row]:
             step=step.get(rank),
             loss=loss.get(rank),
             samples_per_second=rate.get(rank),
+            ready_seconds=ready.get(rank),
         )
         uuid = labels.get("gpu_uuid", "")
         if uuid:
@@ -327,3 +343,189 @@ def format_table(rows: list[Row]) -> str:
 
 def rows_json(rows: list[Row]) -> list[dict]:
     return [asdict(row) for row in rows]
+
+
+# --- a job past a screen of ranks: summary, spread, worst ranks ---------------------------------------------------
+
+TABLE_RANKS = 16  # up to this many ranks the table is the view; beyond it the summary (--all: every row)
+
+# What the spread is shown of: (name, label, PromQL of one value per rank or GPU, Python source in a Row)
+SPREAD = (
+    ("ready_seconds", "time to reduction (s)", "orch_train_step_ready_seconds{sel}"),
+    ("step_seconds", "step time (s)", "orch_train_last_step_seconds{sel}"),
+    (
+        "since_last_step_seconds",
+        "since last step (s)",
+        "time() - orch_train_last_step_timestamp_seconds{sel}",
+    ),
+    ("gpu_utilization", "GPU utilisation", "orch_gpu_utilization_ratio{sel}"),
+    ("memory_used_bytes", "GPU memory (GiB)", "orch_gpu_memory_used_bytes{sel}"),
+)
+
+
+@dataclass
+class Spread:
+    min: float | None = None
+    median: float | None = None
+    max: float | None = None
+
+
+@dataclass
+class Ranked:
+    """One rank among the worst: who it is, where it runs, and the value it is ranked by."""
+
+    rank: str
+    node_rank: str
+    pod: str
+    hostname: str
+    value: float
+
+
+@dataclass
+class Summary:
+    job: str
+    ranks: int = 0
+    step: float | None = None
+    samples_per_second: float | None = None
+    mfu: float | None = None
+    memory_used_bytes: float | None = None
+    spread: dict[str, Spread] = field(default_factory=dict)
+    slowest: list[Ranked] = field(default_factory=list)  # longest to the gradient reduction: stragglers
+    stopped: list[Ranked] = field(default_factory=list)  # longest since their last step: a hang's first
+
+
+def summary_from_prometheus(
+    base: str,
+    job: str,
+    *,
+    namespace: str | None = None,
+    worst: int = 5,
+    window: str = "1m",
+    timeout: float = 10.0,
+    at: float | None = None,
+) -> Summary:
+    """The job's summary computed by Prometheus: aggregations and topk, a few dozen numbers whatever the
+    number of ranks (no series is fetched per rank)."""
+    matchers = [f'job="{job}"'] + ([f'namespace="{namespace}"'] if namespace else [])
+    sel = "{" + ", ".join(matchers) + "}"
+
+    def scalar(expr: str) -> float | None:
+        samples = _prometheus_query(base, expr, timeout, at)
+        return samples[0][1] if samples else None
+
+    out = Summary(job=job)
+    out.ranks = int(scalar(f"count(orch_train_step{sel})") or 0)
+    out.step = scalar(f"max(orch_train_step{sel})")
+    out.samples_per_second = scalar(f"sum(rate(orch_train_samples_total{sel}[{window}]))")
+    out.mfu = scalar(f"avg(orch_train_mfu_ratio{sel})")
+    out.memory_used_bytes = scalar(f"sum(orch_gpu_memory_used_bytes{sel})")
+    for name, _, template in SPREAD:
+        expr = template.format(sel=sel)
+        out.spread[name] = Spread(
+            scalar(f"min({expr})"), scalar(f"quantile(0.5, {expr})"), scalar(f"max({expr})")
+        )
+    where = f"max by (job, rank, hostname) (orch_rank_info{sel})"
+    for target, expr in (
+        (out.slowest, f"orch_train_step_ready_seconds{sel}"),
+        (out.stopped, f"time() - orch_train_last_step_timestamp_seconds{sel}"),
+    ):
+        joined = f"topk({worst}, {expr}) * on (job, rank) group_left (hostname) {where}"
+        for labels, value in sorted(_prometheus_query(base, joined, timeout, at), key=lambda item: -item[1]):
+            target.append(_ranked(labels, value))
+        if not target:  # no orch_rank_info (an exporter without it): the ranks without their host
+            for labels, value in sorted(
+                _prometheus_query(base, f"topk({worst}, {expr})", timeout, at), key=lambda item: -item[1]
+            ):
+                target.append(_ranked(labels, value))
+    return out
+
+
+def _ranked(labels: dict[str, str], value: float) -> Ranked:
+    return Ranked(
+        rank=labels.get("rank", ""),
+        node_rank=labels.get("node_rank", ""),
+        pod=labels.get("pod", ""),
+        hostname=labels.get("hostname", ""),
+        value=value,
+    )
+
+
+def summary_from_rows(job: str, rows: list[Row], *, worst: int = 5) -> Summary:
+    """The same summary from an exporter's rows (a run on this machine: a handful of ranks)."""
+    ranked = [r for r in rows if r.rank is not None]
+
+    def spread(values: list[float]) -> Spread:
+        import statistics
+
+        return Spread(min(values), statistics.median(values), max(values)) if values else Spread()
+
+    def total(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return sum(present) if present else None
+
+    out = Summary(job=job, ranks=len(ranked))
+    steps = [r.step for r in ranked if r.step is not None]
+    out.step = max(steps) if steps else None
+    out.samples_per_second = total([r.samples_per_second for r in ranked])
+    out.memory_used_bytes = total([r.memory_used_bytes for r in rows])
+    out.spread["ready_seconds"] = spread([r.ready_seconds for r in ranked if r.ready_seconds is not None])
+    out.spread["gpu_utilization"] = spread([r.gpu_utilization for r in rows if r.gpu_utilization is not None])
+    out.spread["memory_used_bytes"] = spread(
+        [r.memory_used_bytes for r in rows if r.memory_used_bytes is not None]
+    )
+    by_ready = sorted(
+        (r for r in ranked if r.ready_seconds is not None), key=lambda r: -(r.ready_seconds or 0)
+    )
+    out.slowest = [
+        Ranked(str(r.rank), r.node_rank, "", r.hostname, r.ready_seconds or 0.0) for r in by_ready[:worst]
+    ]
+    return out
+
+
+def format_summary(summary: Summary) -> str:
+    def number(value: float | None, fmt: str) -> str:
+        return _number(value, fmt)
+
+    head = (
+        f"job {summary.job}: {summary.ranks} ranks, step {number(summary.step, '.0f')}, "
+        f"{number(summary.samples_per_second, '.1f')} samples/s"
+        + (f", MFU {summary.mfu:.0%}" if summary.mfu is not None else "")
+        + (
+            f", GPU memory {_gib(summary.memory_used_bytes)} GiB"
+            if summary.memory_used_bytes is not None
+            else ""
+        )
+    )
+    lines = [head, ""]
+    rows: list[tuple[str, ...]] = [("", "MIN", "MEDIAN", "MAX")]
+    labels = {name: label for name, label, _ in SPREAD}
+    for name, spread in summary.spread.items():
+        if spread.max is None:
+            continue
+        if name == "gpu_utilization":
+            cells = [f"{v:.0%}" if v is not None else "-" for v in (spread.min, spread.median, spread.max)]
+        elif name == "memory_used_bytes":
+            cells = [_gib(v) for v in (spread.min, spread.median, spread.max)]
+        else:
+            cells = [_number(v, ".3f") for v in (spread.min, spread.median, spread.max)]
+        rows.append((labels.get(name, name), *cells))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for title, ranked in (
+        ("slowest to the gradient reduction (stragglers hold every other rank)", summary.slowest),
+        ("longest since their last step", summary.stopped),
+    ):
+        if not ranked:
+            continue
+        lines += ["", title + ":"]
+        table = [("RANK", "NODE", "POD", "HOST", "SECONDS")] + [
+            (r.rank, r.node_rank or "-", r.pod or "-", r.hostname or "-", f"{r.value:.3f}") for r in ranked
+        ]
+        widths = [max(len(t[i]) for t in table) for i in range(5)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip() for t in table]
+    lines += ["", f"(every rank: orch top {summary.job} --all)"]
+    return "\n".join(lines)
+
+
+def summary_json(summary: Summary) -> dict:
+    return asdict(summary)

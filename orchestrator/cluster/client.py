@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cluster import rest
 from orchestrator.cluster.errors import (
     RBAC_HINT,
     AdmissionDenied,
@@ -135,7 +136,6 @@ class Cluster:
         secrets: Iterable[str] = (),
         kubectl_flags: tuple[str, ...] = (),
     ) -> None:
-        from kubernetes import client
 
         self.api_client = api_client
         self.namespace = namespace
@@ -150,8 +150,9 @@ class Cluster:
         self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
         self._answered = False  # whether the server answered any request yet (a refusal then means a restart)
         self._streams: set[Any] = set()  # open watch and followed-log responses (`close_streams`)
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        # The API's paths, sent through the client's ApiClient (rest.py says why not CoreV1Api & co.)
+        self.core = rest.CoreCalls(api_client)
+        self.custom = rest.CustomCalls(api_client)
 
     # --- the deadline
 

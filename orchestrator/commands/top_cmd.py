@@ -40,6 +40,9 @@ from orchestrator.commands.common import output_option
     help="Seconds between refreshes.",
 )
 @click.option("--once", is_flag=True, help="Print one table and exit (for scripts).")
+@click.option("--all", "every", is_flag=True, help="One row per rank even past 16 ranks (else the summary).")
+@click.option("--worst", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many of the slowest and longest-stopped ranks the summary names.")  # fmt: skip
 @output_option("table", "json")
 def top(
     name: str,
@@ -50,12 +53,18 @@ def top(
     exporters: tuple[str, ...],
     interval: float,
     once: bool,
+    every: bool,
+    worst: int,
     output: str,
 ) -> None:
     """Show utilisation, memory, power, samples/s and loss of job NAME, per rank and GPU.
 
-    Reads Prometheus' HTTP API (for a job on the cluster; port-forward Prometheus first), or with --local /
-    --exporter the /metrics endpoint of a run on this machine. `-o json` prints one snapshot and exits.
+    Up to 16 ranks, one row each; past that, the job's summary (throughput, MFU, memory, step), the spread
+    over the ranks (min/median/max of time to the gradient reduction, step time, GPU utilisation and memory)
+    and the worst ranks with their pod and host; --all for every row. From Prometheus, the summary is computed
+    by PromQL. Reads Prometheus' HTTP API (for a job on the cluster; port-forward Prometheus first), or with
+    --local / --exporter the /metrics endpoint of a run on this machine. `-o json` prints one snapshot of all
+    of it and exits.
 
     \b
     Example:
@@ -85,20 +94,34 @@ def top(
 
     previous = None
 
-    def snapshot() -> list:
+    def snapshot() -> tuple[list, object]:
         nonlocal previous
         if base is not None:
-            return top_lib.from_prometheus(base, name, namespace=namespace)
+            rows = top_lib.from_prometheus(base, name, namespace=namespace)
+            big = output == "json" or len([r for r in rows if r.rank is not None]) > top_lib.TABLE_RANKS
+            summary = (
+                top_lib.summary_from_prometheus(base, name, namespace=namespace, worst=worst) if big else None
+            )
+            return rows, summary
         rows, previous = top_lib.from_exporters(urls, name, previous=previous, interval=min(interval, 1.0))
-        return rows
+        return rows, top_lib.summary_from_rows(name, rows, worst=worst)
+
+    def view(rows: list, summary: object) -> str:
+        if not rows:
+            return f"no metrics for job {name!r} yet"
+        ranks = len([r for r in rows if r.rank is not None])
+        if every or summary is None or ranks <= top_lib.TABLE_RANKS:
+            return top_lib.format_table(rows)
+        return top_lib.format_summary(summary)  # type: ignore[arg-type]
 
     if output == "json":
-        click.echo(json.dumps({"job": name, "rows": top_lib.rows_json(snapshot())}, indent=2))
+        rows, summary = snapshot()
+        click.echo(json.dumps({"job": name, "summary": top_lib.summary_json(summary) if summary else None,  # type: ignore[arg-type]
+                               "rows": top_lib.rows_json(rows)}, indent=2))  # fmt: skip
         return
     try:
         while True:
-            rows = snapshot()
-            table = top_lib.format_table(rows) if rows else f"no metrics for job {name!r} yet"
+            table = view(*snapshot())
             if once:
                 click.echo(table)
                 return
