@@ -178,6 +178,7 @@ def test_delete_wait_watches_until_the_job_is_gone(env, job_file):
 # --- logs at 512 pods
 
 
+@pytest.mark.slow  # 512 pods seeded one by one
 def test_logs_of_512_pods_shows_rank_0_and_the_failed_pod_and_says_how_to_get_the_rest(env, job_file):
     names = start_job(env, job_file, 512)
     for name in names:
@@ -198,6 +199,7 @@ def test_logs_of_512_pods_shows_rank_0_and_the_failed_pod_and_says_how_to_get_th
     )
 
 
+@pytest.mark.slow  # 512 pods seeded one by one
 def test_logs_all_of_512_pods_reads_every_line_with_bounded_streams(env, job_file):
     names = start_job(env, job_file, 512)
     for name in names:
@@ -211,6 +213,7 @@ def test_logs_all_of_512_pods_reads_every_line_with_bounded_streams(env, job_fil
     assert env.kube.emulator.log_streams_peak <= 8
 
 
+@pytest.mark.launch
 def test_logs_follow_512_pods_caps_streams_and_the_rest_can_be_fetched_after(env, job_file):
     from tests.cluster.test_follow import Follower
 
