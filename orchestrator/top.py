@@ -529,3 +529,69 @@ def format_summary(summary: Summary) -> str:
 
 def summary_json(summary: Summary) -> dict:
     return asdict(summary)
+
+
+# --- the straggler, for `orch status` ---------------------------------------------------------------------------
+
+STRAGGLER_RATIO = 2.0  # as the OrchStraggler alert: over twice the job's median time to the reduction...
+STRAGGLER_MARGIN = 0.05  # ...and 50 ms more
+
+
+@dataclass
+class Straggler:
+    rank: str
+    node_rank: str
+    pod: str
+    hostname: str
+    seconds: float
+    median_seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self, job: str) -> str:
+        where = ", ".join(p for p in (f"pod {self.pod}" if self.pod else "", f"host {self.hostname}"
+                                     if self.hostname else "") if p)  # fmt: skip
+        return (
+            f"straggler: rank {self.rank}" + (f" ({where})" if where else "") + f" takes {self.seconds:.3f}s "
+            f"per step to reach the gradient reduction, the job's median {self.median_seconds:.3f}s: every "
+            f"other rank waits for it (orch top {job})"
+        )
+
+
+def find_straggler(
+    job: str,
+    *,
+    namespace: str | None = None,
+    base: str | None = None,
+    timeout: float = 3.0,
+    at: float | None = None,
+) -> Straggler | None:
+    """The rank far behind the job's median (the alert's rule, on the last values), from the Prometheus that
+    `orch top` reads; None when there is none, no Prometheus is configured, or it does not answer."""
+    try:
+        base = base or prometheus_url(None)
+    except OrchError:
+        return None
+    if base is None:
+        return None
+    matchers = [f'job="{job}"'] + ([f'namespace="{namespace}"'] if namespace else [])
+    sel = "{" + ", ".join(matchers) + "}"
+    try:
+        median = _prometheus_query(base, f"quantile(0.5, orch_train_step_ready_seconds{sel})", timeout, at)
+        where = f"max by (job, rank, hostname) (orch_rank_info{sel})"
+        slowest = _prometheus_query(
+            base, f"topk(1, orch_train_step_ready_seconds{sel}) * on (job, rank) group_left (hostname) {where}",
+            timeout, at,
+        )  # fmt: skip
+        if not slowest:
+            slowest = _prometheus_query(base, f"topk(1, orch_train_step_ready_seconds{sel})", timeout, at)
+    except TopError:
+        return None
+    if not median or not slowest:
+        return None
+    middle, (labels, value) = median[0][1], slowest[0]
+    if value <= STRAGGLER_RATIO * middle or value - middle <= STRAGGLER_MARGIN:
+        return None
+    ranked = _ranked(labels, value)
+    return Straggler(ranked.rank, ranked.node_rank, ranked.pod, ranked.hostname, value, middle)

@@ -292,18 +292,24 @@ def status(
       orch status digits-ddp
       orch status digits-ddp -n research -o json | jq .phase
     """
-    from orchestrator import cluster
+    from orchestrator import cluster, top
     from orchestrator import status as job_state
 
-    state = cluster.job_status(_connect(kubeconfig, context, namespace), name)
+    target = _connect(kubeconfig, context, namespace)
+    state = cluster.job_status(target, name)
+    # Where Prometheus is configured (as for `orch top`), the rank every other one waits for, if any.
+    straggler = top.find_straggler(name, namespace=target.namespace)
+    document = {**state.to_dict(), **({"straggler": straggler.to_dict()} if straggler else {})}
     if output == "table":
         click.echo(job_state.format_status(state))
+        if straggler:
+            click.echo(straggler.line(name))
     elif output == "json":
-        click.echo(json.dumps(state.to_dict(), indent=2))
+        click.echo(json.dumps(document, indent=2))
     else:
         import yaml
 
-        click.echo(yaml.safe_dump(state.to_dict(), sort_keys=False), nl=False)
+        click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
 
 
 @click.command("list")

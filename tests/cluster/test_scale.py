@@ -241,3 +241,12 @@ def test_logs_follow_512_pods_caps_streams_and_the_rest_can_be_fetched_after(env
         followed |= {line.split("]")[0] + "]" for line in fetched}
     assert len(followed) == 40
     assert not any("worker-199" in line for line in follower.seen)
+
+
+def test_status_with_an_unreachable_prometheus_still_answers(env, job_file):
+    from tests.metrics.conftest import free_port
+
+    start_job(env, job_file, 2)
+    result = env.orch("status", "demo", env={"ORCH_PROMETHEUS_URL": f"http://127.0.0.1:{free_port()}"})
+    assert result.exit_code == 0, result.stderr
+    assert "straggler" not in result.stdout

@@ -135,3 +135,14 @@ def test_top_local_refuses_another_jobs_metrics(answering):  # noqa: F811 (the f
     )  # fmt: skip
     assert result.returncode == 1
     assert "serves the metrics of someone-else, not of job mine" in result.stderr
+
+
+def test_status_names_the_straggler(big_job):
+    prom, end = big_job
+    found = top.find_straggler("big", base=prom.url, at=end)
+    assert found is not None and (found.rank, found.hostname) == (str(STRAGGLER), "gpu-node-4")
+    assert found.line("big") == (
+        f"straggler: rank {STRAGGLER} (pod big-node-0-4-abcde, host gpu-node-4) takes 0.900s per step to reach "
+        "the gradient reduction, the job's median 0.201s: every other rank waits for it (orch top big)"
+    )
+    assert top.find_straggler("big", base=prom.url, at=end - 3 * 3600) is None  # no data then: no straggler

@@ -110,3 +110,9 @@ def eval_says(value: object) -> Task:
     task = synthetic.make()
     task.on_eval = lambda step, results: {"verdict": value}
     return task
+
+
+def slow_on_rank(rank: int, delay: float) -> Task:
+    """The synthetic task; rank `rank` reads each sample `delay` seconds slower (a slow disk on one node)."""
+    slow = int(os.environ["RANK"]) == rank
+    return synthetic.make(samples=100_000, eval_samples=0, sample_delay=delay if slow else 0.0)
