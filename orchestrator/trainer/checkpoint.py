@@ -26,6 +26,14 @@ rank's objects are there, so the marker's presence (and its listing) is what mak
 prefix without a marker is a write that was killed, removed at the next start as a `.tmp` is on disk. The
 directory is a `pathlib.Path` or a `upath.UPath` (orchestrator/storage.py): the same code reads both.
 
+One run at a time uses a checkpoint directory: rank 0 holds an flock on `.DIR.orch-lock` beside it (the
+directory's real path: the same directory reached through a symlink is the same lock; recording the holder's
+host, pid and job) for the whole run, taken before anything in the directory is touched. A second run that
+shares the directory (another `--out` with the same absolute `train.checkpoint.dir`, or a second job on the
+same volume) stops with one line naming the holder, instead of resuming from the first's live checkpoints
+and deleting its writes in flight. A holder on another host may be a node that died (an NFS lock lives on
+until its lease ends): its lock is waited for up to LOCK_WAIT_SECONDS first.
+
 On resume every rank reads its own part from the shared directory (DCP reshards: a checkpoint written by
 4 ranks loads on 2, under DDP and FSDP alike); nothing is broadcast from rank 0. All ranks must therefore
 see the same checkpoint directory: any local directory on one node, a shared volume across nodes.
@@ -75,6 +83,58 @@ REQUIRED_FILES = (
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or no checkpoint could be resumed from; the message says why."""
+
+
+LOCK_SUFFIX = ".orch-lock"
+LOCK_WAIT_SECONDS = (
+    120.0  # longer than an NFSv4 lease (90 s): the lock of a node that died is released by then
+)
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock of a checkpoint directory: beside it, so the directory holds checkpoints only."""
+    real = directory.resolve()
+    return real.with_name(f".{real.name}{LOCK_SUFFIX}")
+
+
+def lock_directory(directory: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Any:
+    """Take the run's lock on a checkpoint directory; returns the open lock file (the lock lasts while it
+    is open, and dies with the process). Raises CheckpointError naming the run that holds it."""
+    import fcntl
+    import socket
+    import time
+
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("ORCH_JOB_NAME", "")}
+    lock = open(lock_path(directory), "a+")  # noqa: SIM115 (held for the run)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            lock.seek(0)
+            try:
+                holder = json.loads(lock.read() or "{}")
+            except ValueError:
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if (holder.get("host"), holder.get("pid")) == (me["host"], me["pid"]):
+                lock.close()  # this process holds it already (an earlier Checkpointer of the same run)
+                return None
+            # A live process on this host holds it; one elsewhere may be a dead node whose lease runs out.
+            if holder.get("host") == me["host"] or time.monotonic() >= deadline:
+                lock.close()
+                who = ", ".join(f"{key} {holder[key]}" for key in ("job", "host", "pid") if holder.get(key))
+                raise CheckpointError(
+                    f"checkpoint directory {directory} is in use by another run ({who or 'unknown'}): one run "
+                    "at a time; wait for it to finish, or give this run its own train.checkpoint.dir"
+                ) from None
+            time.sleep(1.0)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(json.dumps(me) + "\n")
+    lock.flush()
+    return lock
 
 
 def path_for(directory: Path, step: int) -> Path:
@@ -389,17 +449,29 @@ class Checkpointer:
         self._pending: tuple[Any, Path, Path, int] | None = None  # (future, tmp, final, step)
         self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
         self.remote = storage.is_remote(directory)
+        self._lock: Any = None
+        refused: str | None = None
         if rank == 0 and self.remote:
+            # (an object store has no lock: one run per prefix is the user's to keep)
             for leftover in list_checkpoints(directory):  # writes that were killed: no marker
                 if leftover.is_dir() and not (leftover / MARKER).exists():
                     storage.remove_tree(leftover)
         elif rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
-            for leftover in directory.iterdir():  # from writes that were killed
-                if TMP.match(leftover.name):
-                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-        if dist.is_initialized():
-            dist.barrier()  # nobody looks at the directory before it is clean
+            try:
+                self._lock = lock_directory(directory)  # before anything in it is touched
+            except CheckpointError as error:
+                refused = str(error)
+            else:
+                for leftover in directory.iterdir():  # from writes that were killed
+                    if TMP.match(leftover.name):
+                        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        if dist.is_initialized():  # nobody looks at the directory before it is clean (or refused)
+            outcome: list[Any] = [None] * self.world_size
+            dist.all_gather_object(outcome, refused)
+            refused = outcome[0]
+        if refused:
+            raise CheckpointError(refused)
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
@@ -615,6 +687,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def full_model_state(module: Any) -> dict[str, torch.Tensor]:

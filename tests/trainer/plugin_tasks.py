@@ -116,3 +116,11 @@ def slow_on_rank(rank: int, delay: float) -> Task:
     """The synthetic task; rank `rank` reads each sample `delay` seconds slower (a slow disk on one node)."""
     slow = int(os.environ["RANK"]) == rank
     return synthetic.make(samples=100_000, eval_samples=0, sample_delay=delay if slow else 0.0)
+
+
+def held_in(directory: str, step: int, release: str, **synthetic_args) -> Task:
+    """held_after_checkpoint for a checkpoint directory of the test's choosing (an absolute
+    train.checkpoint.dir): the input holds once DIRECTORY/step-STEP is on disk, until `release` exists."""
+    task = synthetic.make(**synthetic_args)
+    task.train_dataset = HeldAfter(task.train_dataset, Path(directory, f"step-{step:08d}"), Path(release))
+    return task

@@ -386,3 +386,34 @@ def test_a_checkpoint_of_another_model_is_one_real_line(tmp_path, group):
     assert "\n" not in message
     assert message.startswith(f"cannot resume from {checkpoint.path_for(tmp_path, 10)}: ")
     assert "on rank 0: " in message and "size" in message.lower(), message
+
+
+# --- one run per checkpoint directory (#25, class 10) ---------------------------------------------------
+
+HOLD_LOCK = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from orchestrator.trainer import checkpoint
+lock = checkpoint.lock_directory(Path({directory!r}))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_checkpoint_directory_held_by_another_process_is_refused_naming_it(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK.format(repo=REPO_ROOT, directory=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(checkpoint.CheckpointError) as caught:
+            checkpoint.lock_directory(tmp_path, wait_seconds=0)
+        assert str(caught.value).startswith(f"checkpoint directory {tmp_path} is in use by another run (")
+        assert f"pid {holder.pid}" in str(caught.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    checkpoint.lock_directory(tmp_path, wait_seconds=0).close()  # the lock died with its process

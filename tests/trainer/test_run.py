@@ -494,3 +494,42 @@ def test_an_on_eval_value_of_another_kind_fails_where_it_enters(run_job):
     run = run_job(spec)
     assert run.returncode == 1
     assert "TypeError: Task.on_eval returned 'verdict': [1, 2], not a number or a string" in run.stderr
+
+
+def test_two_runs_with_one_absolute_checkpoint_dir_cannot_both_run(tmp_path):
+    """Issue #25, class 10: different --out, the same train.checkpoint.dir. The second used to resume from
+    the first's live checkpoints and delete its writes in flight; now it stops before touching anything."""
+    import time
+
+    shared, release = tmp_path / "shared-checkpoints", tmp_path / "release"
+    first_spec = job(
+        "first",
+        max_steps=12,
+        checkpoint={"every_steps": 4, "dir": str(shared)},
+        task="tests.trainer.plugin_tasks:held_in",
+        task_args={"directory": str(shared), "step": 4, "release": str(release), "samples": 256},
+    )
+    first = subprocess.Popen(
+        [*ORCH_CMD, "run", str(write_job(tmp_path, first_spec)), "--out", str(tmp_path / "a")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (shared / "step-00000004").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never checkpointed"
+            time.sleep(0.1)
+        second = orch_run(
+            write_job(tmp_path, job("second", checkpoint={"every_steps": 4, "dir": str(shared)})),
+            tmp_path / "b",
+        )
+        assert second.returncode == 1
+        (line,) = second.stderr.strip().splitlines()
+        assert f"checkpoint directory {shared} is in use by another run (job first, host " in line, line
+        assert sorted(p.name for p in shared.iterdir()) == ["step-00000004"]  # nothing of the first's touched
+    finally:
+        release.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
