@@ -21,9 +21,12 @@ when they resume (`ORDER_RANDPERM`), so a run in flight sees every sample of its
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -182,3 +185,137 @@ def eval_loader(dataset: Dataset, *, rank: int, world_size: int, batch_size: int
     """Rank r evaluates samples r, r + world, ...: every sample exactly once over all ranks."""
     indices = list(range(rank, len(dataset), world_size))  # type: ignore[arg-type]
     return DataLoader(torch.utils.data.Subset(dataset, indices), batch_size=batch_size)
+
+
+# --- streaming datasets ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardedStream:
+    """A training set read as a stream of shards (tar/jsonl/parquet files, on disk or in an object store).
+
+    `shards` names them, `sizes` gives each one's number of samples (what MosaicML Streaming's index and
+    litdata's chunks record; count them when the shards are written), and `read(shard)` yields its samples
+    in order, each `(inputs, targets)`. Set it as `Task.train_dataset`; orch decides who reads what.
+
+    Epoch e: the shards in a seeded order (seed, e), concatenated, cut to the epoch's steps x batch_size
+    samples (the rest, at most one batch, is dropped, a different tail each epoch), split into one
+    contiguous range per rank and, inside it, per DataLoader worker; each worker's samples pass through a
+    seeded shuffle buffer of `buffer_size` samples. Every sample is read once per epoch, by one worker.
+    The data position is the step again: resuming at step t, each worker reads its range from the start and
+    drops what it had delivered before t (the shuffle replays exactly), so the same world size and
+    num_workers continue exactly where the run stopped.
+    """
+
+    shards: tuple[str, ...]
+    sizes: tuple[int, ...]
+    read: Any  # Callable[[str], Iterable[sample]]
+    buffer_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if len(self.shards) != len(self.sizes) or not self.shards:
+            raise ValueError("ShardedStream needs one size per shard, and at least one shard")
+        if any(size < 0 for size in self.sizes) or self.buffer_size < 1:
+            raise ValueError("ShardedStream: sizes must be >= 0 and buffer_size >= 1")
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+
+def _shard_order(stream: ShardedStream, seed: int, epoch: int) -> list[int]:
+    return (
+        Permutation(len(stream.shards), epoch_key(seed, epoch) ^ 0x5EED)
+        .at(np.arange(len(stream.shards), dtype=np.uint64))
+        .tolist()
+    )
+
+
+def _read_range(stream: ShardedStream, order: list[int], start: int, count: int) -> Iterator[Any]:
+    """Samples [start, start + count) of the epoch's concatenation of shards (in `order`)."""
+    offset = 0
+    for index in order:
+        size = stream.sizes[index]
+        if count <= 0:
+            return
+        if offset + size <= start:
+            offset += size
+            continue
+        skip = max(0, start - offset)
+        for position, sample in enumerate(stream.read(stream.shards[index])):
+            if position < skip:
+                continue  # a stream cannot seek: read past the part before this range
+            if count <= 0:
+                return
+            yield sample
+            count -= 1
+        offset += size
+
+
+def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """A bounded shuffle buffer (WebDataset's and tf.data's): memory of `size` samples, seeded."""
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        slot = rng.randrange(size)
+        buffer[slot], sample = sample, buffer[slot]
+        yield sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class _RankStream(torch.utils.data.IterableDataset):
+    """This rank's micro-batches of steps [start_step, end_step), already batched: each DataLoader worker
+    yields whole micro-batches, and the loader takes them round-robin (worker 0, 1, ...)."""
+
+    def __init__(self, stream: ShardedStream, layout: Layout, rank: int, start_step: int, end_step: int,
+                 workers: int) -> None:  # fmt: skip
+        self.stream, self.layout, self.rank = stream, layout, rank
+        self.start_step, self.end_step, self.workers = start_step, end_step, max(1, workers)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        physical = info.id if info is not None else 0
+        layout, micro, workers = self.layout, self.layout.micro_batch_size, self.workers
+        per_epoch = layout.steps_per_epoch * layout.accumulation  # this rank's micro-batches per epoch
+        first, last = self.start_step * layout.accumulation, self.end_step * layout.accumulation
+        # The loader hands its j-th batch to worker j % workers; batch `first + j` of the run belongs to
+        # logical worker (first + j) % workers, so a resumed loader reads the same ranges as the first one.
+        logical = (physical + first) % workers
+        for epoch in range(first // per_epoch, (last - 1) // per_epoch + 1 if last > first else 0):
+            begin = epoch * per_epoch
+            mine = [b for b in range(begin, begin + per_epoch) if b % workers == logical]
+            counts = [
+                sum(1 for b in range(begin, begin + per_epoch) if b % workers == w) for w in range(workers)
+            ]
+            rank_start = self.rank * per_epoch * micro
+            chunk_start = rank_start + sum(counts[:logical]) * micro
+            rng = random.Random(epoch_key(layout.seed, epoch) * 1_000_003 + self.rank * 1009 + logical)
+            samples = _shuffled(
+                _read_range(self.stream, _shard_order(self.stream, layout.seed, epoch), chunk_start,
+                            counts[logical] * micro),
+                self.stream.buffer_size, rng,
+            )  # fmt: skip
+            for batch in mine:
+                items = list(itertools.islice(samples, micro))
+                if len(items) < micro:
+                    raise ValueError(
+                        f"the stream's shards yielded fewer samples than their sizes say (epoch {epoch}); "
+                        "check ShardedStream.sizes"
+                    )
+                if first <= batch < last:
+                    yield torch.utils.data.default_collate(items)
+
+
+def stream_loader(
+    stream: ShardedStream, layout: Layout, *, rank: int, start_step: int, end_step: int, num_workers: int,
+    pin: bool,
+) -> DataLoader:  # fmt: skip
+    """A DataLoader over this rank's micro-batches of a ShardedStream; resuming starts at a later step."""
+    return DataLoader(
+        _RankStream(stream, layout, rank, start_step, end_step, num_workers),
+        batch_size=None,  # the workers batch
+        num_workers=num_workers,
+        pin_memory=pin,
+    )

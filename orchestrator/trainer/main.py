@@ -139,6 +139,13 @@ def train(
     task = build_task(cfg.task, cfg.task_args)
     module = task.model.to(world.device)
     micro = cfg.micro_batch(world.world_size)
+    stream = task.train_dataset if isinstance(task.train_dataset, data.ShardedStream) else None
+    if stream is None and isinstance(task.train_dataset, torch.utils.data.IterableDataset):
+        raise TypeError(
+            "Task.train_dataset is an IterableDataset: give its shards as "
+            "orchestrator.trainer.data.ShardedStream(shards, sizes, read) so that orch can split, shuffle and "
+            "resume it exactly (docs/tasks.md, Streaming datasets)"
+        )
     layout = data.Layout(
         len(cast(Sized, task.train_dataset)), cfg.batch_size, micro, world.world_size, cfg.seed
     )
@@ -182,6 +189,13 @@ def train(
         layout = dataclasses.replace(layout, order=resumed.state.get("data_order", data.ORDER_RANDPERM))
         if layout.order != data.ORDER_FEISTEL:
             reporter.say(f"this run keeps the sample order of the version that started it ({layout.order})")
+        saved_split = (resumed.state.get("world_size"), resumed.state.get("num_workers"))
+        if stream is not None and saved_split != (world.world_size, cfg.num_workers):
+            reporter.say(
+                f"warning: the stream was split for world size {saved_split[0]} x {saved_split[1]} workers, "
+                f"now {world.world_size} x {cfg.num_workers}: until the next epoch some samples may be read "
+                "twice and others not at all (docs/tasks.md, Streaming datasets)"
+            )
         if stretched:
             old_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, resumed.state["scheduler"]["max_steps"])
             new_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, max_steps)
@@ -209,6 +223,7 @@ def train(
             "scaler": scaler.state_dict(),
             "counters": progress.counters(),
             "data_order": layout.order,
+            "num_workers": cfg.num_workers,  # a stream's split depends on it (data.ShardedStream)
             "tracking": tracker.state(),  # {"mlflow_run_id": ...} from rank 0, which writes the checkpoint
         }
         checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
@@ -247,9 +262,10 @@ def train(
     )
 
     # --- loop -------------------------------------------------------------------------------------
+    loader = data.stream_loader if stream is not None else data.train_loader
     batches = iter(
-        data.train_loader(
-            task.train_dataset, layout, rank=world.rank, start_step=step, end_step=max_steps,
+        loader(
+            task.train_dataset, layout, rank=world.rank, start_step=step, end_step=max_steps,  # type: ignore[arg-type]
             num_workers=cfg.num_workers, pin=world.device.type == "cuda",
         )
     )  # fmt: skip
