@@ -41,6 +41,9 @@ LABEL_PROMETHEUS_RELEASE = "release"
 ANNOTATION_SUBMISSION = "orch.dev/submission"  # one random id per `orch submit`: recognises its own objects
 # JSON {"mlflow": {tracking_uri, experiment, run_name}, "tensorboard": dir}; `orch status` shows it
 ANNOTATION_TRACKING = "orch.dev/tracking"
+ANNOTATION_OUTPUT_URL = (
+    "orch.dev/output-url"  # output.url: where the run keeps its checkpoints; orch status shows it
+)
 
 # --- Labels the Kubeflow training operator (v1.9) puts on the pods it creates (read-only for orch).
 LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"

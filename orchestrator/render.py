@@ -157,7 +157,11 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "namespace": spec.namespace,
         "job_labels": {**training_labels, **_kueue_labels(spec)},
         "pod_labels": training_labels,
-        "annotations": {**spec.annotations, **tracking_annotation(spec, name, api)},
+        "annotations": {
+            **spec.annotations,
+            **tracking_annotation(spec, name, api),
+            **_output_annotation(spec),
+        },
         "pod_annotations": {
             **spec.annotations,
             **_topology_annotations(spec, name, api),
@@ -227,6 +231,13 @@ def _kueue_labels(spec: JobSpec) -> dict[str, str]:
     if spec.scheduling.priority:
         labels[naming.LABEL_KUEUE_PRIORITY] = spec.scheduling.priority
     return labels
+
+
+def _output_annotation(spec: JobSpec) -> dict[str, str]:
+    """output.url on the job object, for `orch status` (the pods get it as ORCH_OUTPUT_URL)."""
+    if spec.output is None or spec.output.url is None:
+        return {}
+    return {naming.ANNOTATION_OUTPUT_URL: spec.output.url}
 
 
 def _topology_annotations(spec: JobSpec, name: str, api: str) -> dict[str, str]:

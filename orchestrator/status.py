@@ -77,6 +77,7 @@ class JobStatus:
     tracking: dict[str, str] = field(
         default_factory=dict
     )  # {"mlflow": ..., "tensorboard": ...} (render's annotation)
+    output_url: str = ""  # output.url: the object store that keeps the checkpoints (render's annotation)
 
     @property
     def finished(self) -> bool:
@@ -131,6 +132,7 @@ def job_status(
         pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
         tracking=tracking.describe(dig(job, "metadata", "annotations")),
+        output_url=text(dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
     )
 
 
@@ -280,6 +282,8 @@ def format_status(status: JobStatus) -> str:
     lines += [f"Started:     {status.start_time or '-'}", f"Completed:   {status.completion_time or '-'}"]
     lines.append(f"Restarts:    {status.restarts}")
     lines += [f"Tracking:    {sink} {where}" for sink, where in status.tracking.items()]
+    if status.output_url:
+        lines.append(f"Output:      {status.output_url} (checkpoints, model.pt, summary.json)")
     if status.replicas:
         lines += ["", "Replicas:"]
         rows = [["ROLE", "ACTIVE", "SUCCEEDED", "FAILED"]]

@@ -67,3 +67,14 @@ def test_bad_output_urls_are_one_line(tmp_path, output, message):
     with pytest.raises(SpecError) as caught:
         load(f"name: demo\nimage: i:1\ntrain: {{task: digits}}\noutput: {output}\n", tmp_path)
     assert message in str(caught.value) and "\n" not in str(caught.value).strip()
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_orch_status_shows_the_output_url(tmp_path, api):
+    from orchestrator import status
+    from orchestrator.cluster.apis import by_key
+
+    job_api = by_key(api)
+    job = next(o for o in render.render(load(MULTI, tmp_path), api=api) if o["kind"] == job_api.resource.kind)
+    lines = status.format_status(status.job_status(job_api, job)).splitlines()
+    assert "Output:      s3://bucket/runs/demo (checkpoints, model.pt, summary.json)" in lines
