@@ -198,6 +198,10 @@ def _context(spec: JobSpec, name: str, *, api: str = "pytorchjob") -> dict[str, 
         "monitor_selector": {naming.LABEL_JOB: name},
         "pod_target_labels": [naming.LABEL_JOB],
         "metrics_port_name": naming.METRICS_PORT_NAME,
+        # A named runtime's pods do not declare orch's port (runtimePatches have no ports): the PodMonitor
+        # scrapes the pod IP at the port number instead (see podmonitor.yaml.j2).
+        "metrics_port_number": spec.metrics.port if spec.runtime is not None and api == "trainjob" else None,
+        "training_container": naming.TRAINJOB_CONTAINER_NAME,
         "metrics_interval": f"{spec.metrics.interval}s",
     }
 

@@ -762,12 +762,6 @@ def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
     ):
         if value is not None:
             return field, f"{why} (remove it, or drop runtime: to let orch render the runtime)"
-    if spec.metrics.enabled:
-        return (
-            "metrics.enabled",
-            f"the metrics port cannot be added to the runtime {spec.runtime!r} (runtimePatches have no "
-            "ports): set metrics: {enabled: false}, or drop runtime:",
-        )
     for key, value in spec.pod_overrides.items():
         if key not in RUNTIME_PATCH_POD_FIELDS:
             return (

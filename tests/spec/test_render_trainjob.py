@@ -128,7 +128,6 @@ def test_orch_render_api_flag(tmp_path):
             "scheduling.scheduler",
             6,
         ),
-        ("runtime: torch-distributed\n", "metrics.enabled", 1),
         (
             "runtime: torch-distributed\nmetrics: {enabled: false}\npod_overrides: {hostIPC: true}\n",
             "pod_overrides.hostIPC",
@@ -401,3 +400,25 @@ def test_pods_without_a_gang_wait_in_the_volcano_queue_asked_for(tmp_path, api, 
         templates = [runtime_pod(found)]
     for template in templates:
         assert volcano.queue_of(template) == "research"
+
+
+def test_a_named_runtime_gets_its_metrics_scraped_by_port_number(tmp_path):
+    """`runtime: NAME` keeps metrics on (#24): the runtime's pods do not declare orch's port, so the PodMonitor
+    scrapes the training container at the pod IP and the port number; the trainer is told to serve there."""
+    rendered = objects(tmp_path, BASE + "runtime: torch-distributed\nmetrics: {port: 9555}\n")
+    assert objects_errors(list(rendered.values())) == []  # the PodMonitor and TrainJob fit their CRDs
+    monitor = rendered["PodMonitor"]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{
+        "path": "/metrics", "honorLabels": True, "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": "node", "action": "keep"},
+            {"sourceLabels": ["__meta_kubernetes_pod_ip"], "targetLabel": "__address__", "replacement": "$1:9555"},
+            {"targetLabel": "endpoint", "replacement": "metrics"},
+        ],
+    }]  # fmt: skip
+    assert monitor["spec"]["selector"]["matchLabels"] == {naming.LABEL_JOB: "demo"}
+    job = rendered["TrainJob"]
+    env = {e["name"]: e.get("value") for e in job["spec"]["trainer"]["env"]}
+    assert env["ORCH_METRICS_PORT"] == "9555"
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patch["template"]["spec"]["template"]["metadata"]["labels"][naming.LABEL_JOB] == "demo"
