@@ -6,6 +6,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from orchestrator.trainer.compat import TorchTooOld
+from orchestrator.trainer.exits import exit_now
 from orchestrator.trainer.main import main
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
@@ -14,6 +15,12 @@ try:
 except TorchTooOld as error:  # one line, not a traceback: the fix is the image, not the code
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(2)
+except BaseException as error:  # noqa: BLE001 (record() has written the error file; this only exits)
+    # Leave now, without the interpreter's wait for non-daemon threads: an async checkpoint's save thread
+    # (DCP's) may be blocked in a collective with ranks that are gone, which held a Ctrl-C'd rank ~30 s
+    # until the launcher SIGKILLed it. The write it was doing is never finalized (no marker), so it is
+    # ignored, and removed at the next start.
+    exit_now(error)
 # Everything is written, flushed and closed; the process group is destroyed. Skip the interpreter's
 # finalisation: destructors of gloo's background threads running then occasionally abort the process
 # ("terminate called without an active exception", SIGABRT) after a successful run, about 1 run in 10
