@@ -240,3 +240,31 @@ def test_orch_run_refuses_an_unusable_store_in_one_line_before_starting(s3, tmp_
         2, "error: --out ftp://host/run: scheme ftp:// is not supported (supported: s3://, gs://, az://)\n"
     )  # fmt: skip
     assert not (tmp_path / "runs").exists()  # nothing half-done on disk
+
+
+def test_a_stream_reads_its_tar_shards_from_the_store(s3, tmp_path):
+    """docs/tasks.md's example: shards in the bucket, read as streams (tarfile `r|`, no seek) through
+    storage.location; every sample of the epoch once over two ranks."""
+    import tarfile
+
+    from orchestrator.trainer.data import Layout, ShardedStream, _RankStream
+    from tests.trainer.stream_tasks import write_shards
+
+    write_shards(tmp_path / "shards", shards=4, per_shard=8)
+    urls = []
+    for path in sorted((tmp_path / "shards").iterdir()):
+        url = f"s3://bkt/shards/{path.name}"
+        storage.upload(path, storage.location(url))
+        urls.append(url)
+
+    def read_shard(url: str):
+        with storage.location(url).open("rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+            for member in tar:
+                yield torch.tensor(int(member.name.split(".")[0]))
+
+    stream = ShardedStream(shards=tuple(urls), sizes=(8,) * 4, read=read_shard, buffer_size=4)
+    layout = Layout(dataset_size=32, batch_size=8, micro_batch_size=4, world_size=2, seed=0)
+    seen = [
+        int(i) for rank in range(2) for batch in _RankStream(stream, layout, rank, 0, 4, 0) for i in batch
+    ]
+    assert sorted(seen) == list(range(32))
