@@ -121,7 +121,10 @@ def top(
         return
     try:
         while True:
-            table = view(*snapshot())
+            rows, summary = snapshot()
+            if once and not rows:  # nothing of this job there: not a success (#24)
+                raise top_lib.TopError(f"no metrics of job {name} at {base or ', '.join(urls)}")
+            table = view(rows, summary)
             if once:
                 click.echo(table)
                 return

@@ -146,3 +146,13 @@ def test_status_names_the_straggler(big_job):
         "the gradient reduction, the job's median 0.201s: every other rank waits for it (orch top big)"
     )
     assert top.find_straggler("big", base=prom.url, at=end - 3 * 3600) is None  # no data then: no straggler
+
+
+def test_top_once_with_nothing_of_the_job_fails(answering):  # noqa: F811 (the fixture)
+    url = answering("# TYPE python_info gauge\npython_info 1\n", "text/plain")  # someone else's exporter
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "top", "mine", "--exporter", f"{url}/metrics", "--once"],
+        cwd=REPO, env=clean, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stderr == f"error: no metrics of job mine at {url}/metrics\n"
