@@ -268,3 +268,24 @@ def test_a_stream_reads_its_tar_shards_from_the_store(s3, tmp_path):
         int(i) for rank in range(2) for batch in _RankStream(stream, layout, rank, 0, 4, 0) for i in batch
     ]
     assert sorted(seen) == list(range(32))
+
+
+def test_a_pod_whose_store_cannot_be_written_stops_at_start_in_one_line(s3, tmp_path):
+    """In a pod no `orch run` checks first: rank 0 of the trainer does, before building anything."""
+    from orchestrator import runtime_env
+    from orchestrator.spec import TrainSpec
+
+    config = tmp_path / "train.json"
+    config.write_text(runtime_env.train_json(TrainSpec(task="synthetic", batch_size=16, max_steps=2)))
+    env = {**os.environ, **s3.env(), "ORCH_OUTPUT_DIR": str(tmp_path / "out"),
+           "ORCH_OUTPUT_URL": "s3://no-such-bucket/run"}  # fmt: skip
+    env.pop("ORCH_METRICS_PORT", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.trainer", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: cannot write to s3://no-such-bucket/run: the bucket does not exist"
+    )
+    assert "Traceback" not in result.stderr
