@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming
-from orchestrator.redaction import redact
+from orchestrator.redaction import redact, redact_url
 from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI, TrackingSettings
 
 if TYPE_CHECKING:
@@ -584,7 +584,9 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def run_url(tracking_uri: str, experiment_id: str | None, run_id: str) -> str:
-    """The run's page in the MLflow UI, or `run ID at URI` when the store is not a web server."""
+    """The run's page in the MLflow UI, or `run ID at URI` when the store is not a web server; without
+    credentials (the link is stored in tracking.json and printed by `orch run`)."""
+    tracking_uri = redact_url(tracking_uri)
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return f"run {run_id} at {tracking_uri}"
