@@ -22,27 +22,8 @@ LOCAL_EXAMPLES = [
 ]
 
 
-def test_the_demo_reaches_95_percent_accuracy(tmp_path):
-    run = orch_run(REPO / "examples" / "digits.yaml", tmp_path / "demo")
-    assert run.returncode == 0, run.stderr
-    summary = run.summary
-    assert summary["eval"]["accuracy"] >= 0.95
-    assert (summary["world_size"], summary["accumulation"], summary["precision"]) == (2, 2, "bf16")
-    assert summary["loss_scale"] is None  # bf16: no GradScaler
-    # make demo prints the accuracy reached, on the last line
-    assert run.stdout.splitlines()[-1].startswith(
-        f"result: eval accuracy {summary['eval']['accuracy']:.4f}, "
-    )
-    assert {p.name for p in (tmp_path / "demo").iterdir()} >= {"summary.json", "model.pt", "checkpoints"}
-    assert sorted(p.name for p in (tmp_path / "demo" / "checkpoints").iterdir()) == [
-        "step-00000200",
-        "step-00000300",
-    ]  # every 100 steps and at the end, keeping the last 2
-
-
-@pytest.mark.parametrize(
-    "example", [p for p in LOCAL_EXAMPLES if p.name != "digits.yaml"], ids=lambda p: p.stem
-)
+# The demo's 300 steps to >= 95% accuracy are `make demo`'s to show (docs/testing.md): 4 steps of it run here.
+@pytest.mark.parametrize("example", LOCAL_EXAMPLES, ids=lambda p: p.stem)
 def test_each_local_example_runs(example, tmp_path):
     run = orch_run(example, tmp_path / "out", "--steps", "4")
     assert run.returncode == 0, run.stderr
@@ -50,6 +31,9 @@ def test_each_local_example_runs(example, tmp_path):
     assert summary["steps"] == 4 and summary["final_loss"] is not None
     if yaml.safe_load(example.read_text())["train"]["task"] == "gpt":
         assert summary["tokens_per_second"] > 0
+    if "accuracy" in (summary.get("eval") or {}):  # make demo prints the accuracy reached, on the last line
+        last = run.stdout.splitlines()[-1]
+        assert last.startswith(f"result: eval accuracy {summary['eval']['accuracy']:.4f}, "), last
 
 
 def test_equivalence_across_world_sizes_and_accumulation(run_job):
