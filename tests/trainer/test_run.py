@@ -73,7 +73,7 @@ def test_a_failing_rank_is_reported_with_its_error(run_job):
     # One line: the first failing rank, its exception, where it was raised, and its log; no tracebacks.
     assert run.stderr.strip().splitlines() == [
         "error: rank 1 failed (exit code 1): ValueError: deliberate failure on rank 1 "
-        f"(at tests/trainer/plugin_tasks.py:40 in fails_on_rank); its output: {run.out}/logs/rank-1.log"
+        f"(at tests/trainer/plugin_tasks.py:42 in fails_on_rank); its output: {run.out}/logs/rank-1.log"
     ]
     assert "Traceback" not in run.stdout
     # Every rank's whole output is kept.
