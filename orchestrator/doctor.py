@@ -447,13 +447,13 @@ def cluster_checks(
 
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     """Judge `orchestrator.cluster.probes.gather`'s plain-data answer (see that function for its keys)."""
-    from orchestrator.cluster.resources import JOBSET, KUEUE_GROUP  # constants; kubernetes stays unimported
+    from orchestrator.resources import JOBSET, KUEUE_GROUP  # constants; kubernetes stays unimported
 
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
     apis = facts.get("apis") or {}
     served = {key for key, api in apis.items() if api.get("versions")}
     checks += [_api_check(key, api, served) for key, api in apis.items()]
-    if "trainjob" in served:
+    if "cluster_runtimes" in facts:  # the probes ask for Trainer v2's runtimes when it is served
         checks.append(_jobset_check(JOBSET.group, facts.get("jobset_versions") or []))
         checks.append(_runtimes_check(facts.get("cluster_runtimes"), facts.get("runtimes_error")))
         checks.append(_trainer_level_check(facts.get("trainer_level"), facts.get("trainer_level_error")))
@@ -483,7 +483,7 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
 
 def _api_check(key: str, api: dict[str, Any], served: set[str]) -> Check:
     """One job API: served (with its versions), or not; missing is a failure only when neither API is served."""
-    from orchestrator.cluster.apis import by_key  # a table of constants; kubernetes stays unimported
+    from orchestrator.apis import by_key  # a table of constants; kubernetes stays unimported
 
     job_api = by_key(key)
     name = f"{api['kind']} CRD"
@@ -524,7 +524,7 @@ def _runtimes_check(names: list[str] | None, error: str | None) -> Check:
 
 def _trainer_level_check(level: str | None, error: str | None) -> Check:
     """Which Trainer release's TrainJob fields the cluster serves, and what orch cannot do there."""
-    from orchestrator.cluster.apis.trainjob import FEATURES_MISSING
+    from orchestrator.apis.trainjob import FEATURES_MISSING
 
     name = "Trainer features"
     if level is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,10 +24,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from orchestrator import apis, runtime_env
 from orchestrator import spec as spec_models
 from orchestrator.errors import SpecError
 from orchestrator.redaction import redact
-from orchestrator.trainer import tracking
 
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]  # 1-based line and column
@@ -392,12 +393,30 @@ def validate(
         raise fail(path, message) from None
     except spec_models.FieldError as error:
         raise fail(error.parts, error.message) from None
+    if job.api != apis.AUTO and (problem := apis.by_key(job.api).spec_problem(job, job.name)):
+        raise fail(tuple(problem[0].split(".")), problem[1])
     if require_image and not job.image:
         raise fail(("image",), "required to render or submit (the training image the pods run)")
     # Where it will run decides what tracking needs: packages here (`orch run`), or a URI the pods can read.
-    if (require_image or local_run) and (found := tracking.spec_problem(job, local=local_run)):
-        raise fail(*found)
+    if (require_image or local_run) and (found := _tracking_problem(job, local=local_run)):
+        raise fail(tuple(found[0].split(".")), found[1])
     return job
+
+
+def _tracking_problem(job: spec_models.JobSpec, *, local: bool) -> tuple[str, str] | None:
+    """(field, why) when the job's tracking cannot work where it is about to run. local (`orch run`): the
+    packages must be importable here and the URI known from the spec or this shell; in pods, the URI must
+    come from the spec or from the job's env / secret_env, and a file store must outlive the pod."""
+    settings = runtime_env.TrackingSettings.for_job(job, name=job.name, api_kind="")
+    if local and (missing := runtime_env.missing_requirements(settings)):
+        field = "mlflow" if "mlflow" in missing else "tensorboard"
+        return (
+            f"tracking.{field}",
+            f"needs {' and '.join(missing)}, not installed here: {runtime_env.PIP_LINE}",
+        )
+    if local:
+        return job.tracking_problem({**os.environ, **job.env}, in_pod=False)
+    return job.tracking_problem(dict.fromkeys({*job.env, *job.secret_env}, "set"), in_pod=True)
 
 
 def _data_path(data: Any, error: Mapping[str, Any]) -> FieldPath:

@@ -734,3 +734,10 @@ def progress_text(event: dict[str, Any]) -> str:
         values = "  ".join(f"{k} {format_value(v)}" for k, v in event.items() if k not in ("event", "step"))
         return f"\r\x1b[2Keval at step {event['step']}: {values}\n"
     return ""
+
+
+def tracking_links(output_dir: Path) -> dict[str, str]:
+    """Where the trainer recorded the run (its tracking.json in the output dir), for `orch run`'s last line."""
+    from orchestrator.trainer.tracking import read_links
+
+    return read_links(output_dir)

@@ -1,7 +1,8 @@
 """Names orch writes into Kubernetes objects and reads back: labels, container/port names, object names.
 
 Rendering (render.py) writes these; the cluster side (cluster/, status.py) selects and reads with the same
-constants, so a rename happens in one place. Imports nothing.
+constants, so a rename happens in one place. What one job API alone names (its controller's labels, its
+container) lives in that API's module (orchestrator/apis/). Imports nothing.
 """
 
 from __future__ import annotations
@@ -45,31 +46,11 @@ ANNOTATION_OUTPUT_URL = (
     "orch.dev/output-url"  # output.url: where the run keeps its checkpoints; orch status shows it
 )
 
-# --- Labels the Kubeflow training operator (v1.9) puts on the pods it creates (read-only for orch).
-LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
-LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)
-LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
-LABEL_JOB_ROLE = "training.kubeflow.org/job-role"  # "master" on the pod that hosts rank 0
-
-# --- Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1): the names its torch plugin and JobSet builder look
-# for (pkg/constants/constants.go): the replicated job labelled ancestor=trainer, its container `node`.
-TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
-TRAINER_API_GROUP = "trainer.kubeflow.org"
-LABEL_TRAINJOB_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-TRAINJOB_ANCESTOR_TRAINER = "trainer"
-TRAINJOB_REPLICATED_JOB = "node"  # JobSet replicatedJob of the training pods; pods are <job>-node-0-<i>
-TRAINJOB_CONTAINER_NAME = "node"  # the container that gets image, command, env and PET_* from the TrainJob
-TRAINJOB_MASTER_PORT = 29500  # PET_MASTER_PORT the torch plugin sets (and adds as a container port)
-RUNTIME_PATCH_MANAGER = "orch.dev/render"  # runtimePatches[].manager of orch's patch
-
 # --- GPUs: the device plugin's resource and GPU feature discovery's node label (read-only for orch).
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # e.g. NVIDIA-H100-80GB-HBM3
 
 # --- Containers, ports, paths inside the pods.
-CONTAINER_NAME = "pytorch"  # the operator requires it; logs and exit codes are read from it
-RDZV_PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT / the rendezvous port from this port
-RDZV_PORT = 23456
 METRICS_PORT_NAME = "metrics"  # the PodMonitor scrapes this named port
 CONFIG_DIR = "/etc/orch"  # the ConfigMap is mounted here, read-only
 TRAIN_CONFIG_KEY = "train.json"

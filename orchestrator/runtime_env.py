@@ -9,6 +9,7 @@ default lives here. Imports nothing heavy (`orch render` imports it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -17,13 +18,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator.spec import (
+    DEFAULT_GPU_SAMPLE_SECONDS,
+    DEFAULT_METRICS_PORT,
+    ENV_MLFLOW_TRACKING_URI,
+    TrainSpec,
+)
+
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec, TrainSpec
+    from orchestrator.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_PORT = 9400  # metrics.port in job.yaml; `orch top --local` looks here
-DEFAULT_GPU_SAMPLE_SECONDS = 5.0
+__all__ = [
+    "DEFAULT_GPU_SAMPLE_SECONDS",
+    "DEFAULT_METRICS_PORT",
+    "ENV_MLFLOW_TRACKING_URI",
+]  # job.yaml's, here too
 DEFAULT_METRICS_ADDR = "0.0.0.0"  # Prometheus scrapes the pod's IP
 
 JOB_NAME = "ORCH_JOB_NAME"
@@ -40,7 +51,6 @@ FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benc
 # --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
 ENV_MLFLOW = "ORCH_MLFLOW"  # "1": the job asked for MLflow
-ENV_MLFLOW_TRACKING_URI = "ORCH_MLFLOW_TRACKING_URI"  # unset: MLflow's own MLFLOW_TRACKING_URI
 ENV_MLFLOW_EXPERIMENT = "ORCH_MLFLOW_EXPERIMENT"
 ENV_MLFLOW_RUN_NAME = "ORCH_MLFLOW_RUN_NAME"
 ENV_MLFLOW_LOG_MODEL = "ORCH_MLFLOW_LOG_MODEL"  # "0": no model.pt artifact
@@ -48,6 +58,9 @@ ENV_IMAGE = "ORCH_IMAGE"
 ENV_NAMESPACE = "ORCH_NAMESPACE"  # in pods: the downward API's metadata.namespace
 ENV_API_KIND = "ORCH_API_KIND"
 ENV_GIT_COMMIT = "ORCH_GIT_COMMIT"
+PIP_LINE = "pip install 'orchestrator[tracking]'"
+# What each sink imports, and the distribution that provides it (mlflow-skinny is enough for the client).
+REQUIREMENTS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
 # What the shell of `orch run` may override (e.g. the URI of this environment's server).
 TRACKING_OVERRIDES = (
     ENV_MLFLOW_TRACKING_URI,
@@ -135,6 +148,12 @@ class TrackingSettings:
             api_kind=env.get(ENV_API_KIND) or None,
             git_commit=None if env.get(ENV_GIT_COMMIT, "unknown") in ("", "unknown") else env[ENV_GIT_COMMIT],
         )
+
+
+def missing_requirements(settings: TrackingSettings) -> list[str]:
+    """The optional packages this job's tracking needs and this Python lacks (checked without importing)."""
+    wanted = (["mlflow"] if settings.mlflow else []) + (["tensorboard"] if settings.tensorboard_dir else [])
+    return [REQUIREMENTS[name] for name in wanted if importlib.util.find_spec(name) is None]
 
 
 # Settings a user may override from the shell of `orch run` (e.g. ORCH_METRICS_PORT=0 turns the exporter off).
@@ -251,6 +270,4 @@ def train_json(train: TrainSpec) -> str:
 
 def load_train_json(text: str) -> TrainSpec:
     """The trainer's side of train_json: validated again, so a hand-edited file fails with pydantic's message."""
-    from orchestrator.spec import TrainSpec
-
     return TrainSpec.model_validate(json.loads(text))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -23,8 +23,14 @@ from pydantic import (
 )
 
 from orchestrator import naming, pod_shape
+from orchestrator.apis.registry import AUTO as API_AUTO
+from orchestrator.apis.registry import CHOICES as API_CHOICES
 from orchestrator.durations import parse_duration
-from orchestrator.runtime_env import DEFAULT_GPU_SAMPLE_SECONDS, DEFAULT_METRICS_PORT
+
+DEFAULT_METRICS_PORT = 9400  # metrics.port; `orch top --local` looks here
+DEFAULT_GPU_SAMPLE_SECONDS = 5.0
+# Where the trainer reads the MLflow server from when the spec does not say (set it from a Secret, say).
+ENV_MLFLOW_TRACKING_URI = "ORCH_MLFLOW_TRACKING_URI"
 
 # --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
 # Every pattern is applied with re.fullmatch (Python's `$` would also match before a final newline, so
@@ -522,7 +528,10 @@ class Tracking(Model):
 # --- the job -------------------------------------------------------------------------------------------------
 
 
-APIS = ("auto", "pytorchjob", "trainjob")
+if TYPE_CHECKING:
+    ApiKey = str
+else:
+    ApiKey = Literal[API_CHOICES]  # auto and every registered job API (orchestrator/apis/registry.py)
 
 
 class JobSpec(Model):
@@ -537,7 +546,7 @@ class JobSpec(Model):
         ),
     ]
     namespace: Dns1123Label | None = None
-    api: Literal["auto", "pytorchjob", "trainjob"] = "auto"
+    api: ApiKey = API_AUTO
     """Which Kubeflow API runs the job: pytorchjob (training operator v1), trainjob (Trainer v2), or auto
     (`orch render`: pytorchjob; `orch submit`: whichever the cluster serves)."""
     runtime: Dns1123Name | None = None
@@ -659,8 +668,6 @@ class JobSpec(Model):
                     f"is Kueue's, and with scheduler: {naming.SCHEDULER_VOLCANO} the job goes to Volcano's queue, "
                     f"not Kueue's: nothing would carry it (Volcano's priority is scheduling.priority_class)",
                 )
-        if api_error := api_problem(self, self.api):
-            raise FieldError(*api_error)
         self._check_tracking()
         return self
 
@@ -679,6 +686,33 @@ class JobSpec(Model):
                         f"tracking.mlflow.credentials.{key}", f"{env_name} is also set in env or secret_env"
                     )
 
+    def tracking_problem(self, environ: Mapping[str, str], *, in_pod: bool) -> tuple[str, str] | None:
+        """(field, why) when the job's MLflow tracking cannot work where it will run, else None. `environ`
+        is what the trainer will see: this shell and the job's env for `orch run`; the names in env and
+        secret_env for the pods (`in_pod`), where a file store must also outlive the pod."""
+        mlflow = self.tracking.mlflow
+        if mlflow is None:
+            return None
+        field, uri = "tracking.mlflow.tracking_uri", mlflow.tracking_uri
+        if not uri and not (environ.get(ENV_MLFLOW_TRACKING_URI) or environ.get("MLFLOW_TRACKING_URI")):
+            return field, (
+                f"no MLflow server: set tracking.mlflow.tracking_uri, or {ENV_MLFLOW_TRACKING_URI} "
+                "(e.g. from a Secret through secret_env)"
+            )
+        if in_pod and uri and (store := local_store_path(uri)):
+            # A file store (`file:`, a path, `sqlite:`) written inside a pod is lost with the pod unless it
+            # lies in the output dir or on a writable volume.
+            kept = [naming.OUTPUT_DIR] + [v.mount for v in self.volumes if not v.read_only]
+            if not (
+                store.startswith("/")
+                and any(store == k or store.startswith(k.rstrip("/") + "/") for k in kept)
+            ):
+                return field, (
+                    f"{uri!r} is a store inside the pod, lost with it: use an MLflow server, or a path under "
+                    f"{naming.OUTPUT_DIR} or a writable volume (e.g. file:{naming.OUTPUT_DIR}/mlruns)"
+                )
+        return None
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
@@ -689,104 +723,21 @@ class JobSpec(Model):
         return self.scheduling.gang if self.scheduling.gang is not None else self.nodes > 1
 
 
-# torchrun's settings that Trainer v2's torch plugin injects; its webhook refuses them in trainer.env.
-TRAINJOB_RESERVED_ENV = (
-    "PET_NNODES",
-    "PET_NPROC_PER_NODE",
-    "PET_NODE_RANK",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-)
-# Pod spec fields a TrainJob's runtimePatches may set (the TrainJob CRD), and what a container patch may say.
-RUNTIME_PATCH_POD_FIELDS = (
-    "affinity",
-    "containers",
-    "imagePullSecrets",
-    "initContainers",
-    "nodeSelector",
-    "schedulingGates",
-    "securityContext",
-    "serviceAccountName",
-    "terminationGracePeriodSeconds",
-    "tolerations",
-    "volumes",
-)
-RUNTIME_PATCH_CONTAINER_FIELDS = ("name", "volumeMounts", "securityContext")
-
-
-def api_problem(spec: JobSpec, api: str) -> tuple[str, str] | None:
-    """(field, why) when `spec` cannot be expressed as `api`; None when it can. auto is checked per API."""
-    if api == "pytorchjob" and spec.runtime is not None:
-        return "runtime", "names a Trainer v2 ClusterTrainingRuntime; it needs api: trainjob"
-    if api != "trainjob":
-        return None
-    if spec.elastic is not None:
-        return (
-            "elastic",
-            "TrainJob (Trainer v2) has no elastic training (removed in v2.2); use api: pytorchjob",
-        )
-    if spec.ttl_after_finished is not None:
-        return (
-            "ttl_after_finished",
-            "TrainJob has no TTL (a JobSet TTL makes the controller re-run it, kubeflow/trainer#3737); "
-            "remove it and `orch delete` finished jobs",
-        )
-    if problem := trainjob_name_problem(spec.name, spec.nodes):
-        return "name", problem
-    if reserved := sorted(set(spec.env) & set(TRAINJOB_RESERVED_ENV)):
-        return "env", f"{reserved[0]} is set by Trainer v2's torch plugin; TrainJob refuses it in the env"
-    if spec.runtime is not None:
-        return _runtime_patch_problem(spec)
-    return None
-
-
-def trainjob_name_problem(name: str, nodes: int) -> str | None:
-    """JobSet's webhook refuses a JobSet whose longest pod name, <name>-node-0-<index>-<5 random>, is not a
-    DNS-1035 label (at most 63 characters); the Trainer creates that JobSet after accepting the TrainJob."""
-    longest = f"{name}-node-0-{nodes - 1}-abcde"
-    if len(longest) <= 63:
-        return None
-    return (
-        f"{len(name)} characters is too long for a TrainJob of {nodes} nodes: JobSet names its pods "
-        f"<name>-node-0-<index>-<5 random> within 63 characters; use at most {63 - len(longest) + len(name)}"
-    )
-
-
-def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
-    """What a TrainJob cannot carry in runtimePatches when it runs on someone else's runtime."""
-    why = f"runtimePatches cannot set it; the ClusterTrainingRuntime {spec.runtime!r} decides"
-    for field, value in (
-        ("scheduling.scheduler", spec.scheduling.scheduler),
-        ("scheduling.priority_class", spec.scheduling.priority_class),
-        ("scheduling.gang", spec.scheduling.gang),
-    ):
-        if value is not None:
-            return field, f"{why} (remove it, or drop runtime: to let orch render the runtime)"
-    for key, value in spec.pod_overrides.items():
-        if key not in RUNTIME_PATCH_POD_FIELDS:
-            return (
-                f"pod_overrides.{key}",
-                f"{why} (runtimePatches may set {', '.join(RUNTIME_PATCH_POD_FIELDS)})",
-            )
-        if key == "containers" and isinstance(value, list):
-            for container in value:
-                extra = (
-                    sorted(set(container) - set(RUNTIME_PATCH_CONTAINER_FIELDS))
-                    if isinstance(container, dict)
-                    else []
-                )
-                if extra:
-                    return f"pod_overrides.containers.{extra[0]}", f"{why} (a container patch may set name, "
-                    "volumeMounts and securityContext)"
-    return None
-
-
 # tracking.mlflow.credentials -> the environment variables the MLflow client reads.
 MLFLOW_CREDENTIAL_ENV = {
     "username": "MLFLOW_TRACKING_USERNAME",
     "password": "MLFLOW_TRACKING_PASSWORD",
     "token": "MLFLOW_TRACKING_TOKEN",
 }
+
+
+def local_store_path(uri: str) -> str | None:
+    """The path of a store MLflow keeps in files (`file:`, a plain path, `sqlite:///`), or None for a server."""
+    for prefix in ("sqlite:///", "file://", "file:"):
+        if uri.startswith(prefix):
+            return uri[len(prefix) :]
+    return None if "://" in uri else uri
+
 
 # Free strings may hold these control characters (a multi-line env value or script argument); no others.
 ALLOWED_CONTROL_CHARACTERS = "\t\n"

@@ -2,7 +2,7 @@
 
 `orch status`, `orch list`, `orch logs` and `orch wait` read the objects `orchestrator.cluster` fetched through
 these. What differs between job APIs (which conditions mean what, which labels name a pod's role) comes from
-the job's `JobAPI` (orchestrator/cluster/apis/); everything here is the same for all of them. The phase is
+the job's `JobAPI` (orchestrator/apis/); everything here is the same for all of them. The phase is
 orch's own word, the same on every API: Pending, Created, Running, Restarting, Suspended, Succeeded, Failed,
 and Unknown when the job's status cannot be read.
 
@@ -21,12 +21,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
+from orchestrator import naming, tracking_record
 from orchestrator.redaction import shown
-from orchestrator.trainer import tracking
 
 if TYPE_CHECKING:
-    from orchestrator.cluster.apis import JobAPI
+    from orchestrator.apis.base import JobAPI
 
 PENDING = "Pending"  # no condition is True yet: the controller has not seen the job
 UNKNOWN = "Unknown"  # the job's status is there but cannot be read (not a list of conditions)
@@ -131,7 +130,7 @@ def job_status(
         restarts=api.restarts(job, list(pods)),
         pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
         events=[event_summary(e) for e in warning_events(events)],
-        tracking=tracking.describe(dig(job, "metadata", "annotations")),
+        tracking=tracking_record.describe(dig(job, "metadata", "annotations")),
         output_url=text(dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
     )
 

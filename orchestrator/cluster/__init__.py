@@ -5,10 +5,9 @@ This package is the only code that imports `kubernetes`, and only inside functio
 ...)`), so tests point it at an API emulator over real HTTP.
 
 - `errors`: the `ClusterError` family every failed request becomes.
-- `resources`: the Kubernetes resources orch touches, named once.
+  (What each job API reads from its objects is in orchestrator/apis/; the kinds in orchestrator/resources.py.)
 - `client`: `Cluster`, one namespace of one cluster; one method = one request, retried and translated.
 - `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
-- `apis`: `JobAPI`, the interface each job API implements (`pytorchjob`, `trainjob`).
 - `objects`: submit (the job, then what it owns; all or nothing), prepare, roll back.
 - `jobs`: find a job on whichever API has it; status, list, wait, delete.
 - `logs`: every pod's log, once or followed (`LogFollower`).
@@ -42,7 +41,7 @@ from orchestrator.cluster.objects import (
     signals_interrupt,
     submit,
 )
-from orchestrator.cluster.resources import Resource
+from orchestrator.resources import Resource
 
 __all__ = [
     "AlreadyExists",

@@ -10,7 +10,7 @@ A 403 is one of two things: an RBAC refusal (`<resource> is forbidden: User "...
 `Forbidden`), or an admission webhook's denial (`admission webhook "<name>" denied the request: ...`,
 controller-runtime sends `Denied` as 403: pkg/webhook/admission/response.go), which is `AdmissionDenied` and
 says the webhook's own words. A caller may name denials that are transient (`transient_denial`: a webhook that
-reads through a lagging informer cache, see cluster/apis/trainjob.py); those are retried with backoff until the
+reads through a lagging informer cache, see apis/trainjob.py); those are retried with backoff until the
 deadline.
 
 Creates are sent with `fieldValidation=Strict`: a field the cluster's CRD does not know (an older operator
@@ -57,7 +57,8 @@ from orchestrator.cluster.errors import (
     Unauthorized,
     UnknownFields,
 )
-from orchestrator.cluster.resources import (
+from orchestrator.redaction import redact_url, scrub
+from orchestrator.resources import (
     CONFIGMAP,
     CRD,
     EVENT,
@@ -68,7 +69,6 @@ from orchestrator.cluster.resources import (
     VERSION,
     Resource,
 )
-from orchestrator.redaction import redact_url, scrub
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import naming, status
-from orchestrator.cluster.apis import JobAPI, all_apis
+from orchestrator.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
-from orchestrator.cluster.resources import EVENT, POD
+from orchestrator.resources import EVENT, POD
 
 
 @dataclass(frozen=True)

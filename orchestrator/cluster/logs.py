@@ -28,7 +28,7 @@ from orchestrator import status
 from orchestrator.cluster import jobs
 from orchestrator.cluster.client import Cluster, poll_seconds
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.cluster.resources import POD
+from orchestrator.resources import POD
 
 Emit = Callable[[str, str], None]  # (label, line)
 Notice = Callable[[str], None]

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import naming
+from orchestrator.apis import AUTO, JobAPI, all_apis, by_key
 from orchestrator.cluster import jobs
-from orchestrator.cluster.apis import JobAPI, all_apis, by_key
 from orchestrator.cluster.client import Cluster, poll_seconds
 from orchestrator.cluster.errors import (
     AlreadyExists,
@@ -37,7 +37,7 @@ from orchestrator.cluster.errors import (
     OperatorNotInstalled,
     UnknownFields,
 )
-from orchestrator.cluster.resources import CONFIGMAP, PODMONITOR, Resource
+from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 
 def submittable() -> dict[str, Resource]:
@@ -251,7 +251,7 @@ def submit(
 def choose_api(cluster: Cluster, wanted: str) -> tuple[JobAPI, str]:
     """The API a submit uses, and why: `wanted` itself, or for "auto" the one API discovery says is served
     (PyTorchJob when both are: the jobs orch already runs there keep their API)."""
-    if wanted != "auto":
+    if wanted != AUTO:
         return by_key(wanted), "as asked"
     served = [api for api in all_apis() if cluster.served(api.resource)]
     if not served:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import naming, status
-from orchestrator.cluster.apis import all_apis, trainjob
+from orchestrator.apis import all_apis, trainjob
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.cluster.resources import JOBSET, KUEUE_GROUP, PODMONITOR
+from orchestrator.resources import JOBSET, KUEUE_GROUP, PODMONITOR
 
 GPU_RESOURCE = naming.GPU_RESOURCE
 GPU_PRODUCT_LABEL = naming.GPU_PRODUCT_LABEL
@@ -51,7 +51,7 @@ def gather(cluster: Cluster) -> dict[str, Any]:
             facts["access"][api.key] = {"allowed": allowed, "reason": reason}
         except ClusterError as e:
             facts["access"][api.key] = {"error": str(e)}
-    if facts["apis"]["trainjob"]["versions"]:
+    if facts["apis"][trainjob.API.key]["versions"]:
         try:
             facts["trainer_level"] = trainjob.feature_level(cluster.crd(trainjob.CRD_NAME))
         except ClusterError as e:

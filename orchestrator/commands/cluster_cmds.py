@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
+from orchestrator.apis import registry
 from orchestrator.commands.common import DURATION, job_options, load_job, output_option, warn_missing_code
 from orchestrator.errors import UsageError
 
@@ -162,7 +163,7 @@ def _ref(obj: dict[str, Any]) -> str:
 )
 @click.option(
     "--api",
-    type=click.Choice(["auto", "pytorchjob", "trainjob"]),
+    type=click.Choice(registry.CHOICES),
     default=None,
     help="Which job API to submit to [default: the job file's `api`, else auto: whichever the cluster serves, "
     "PyTorchJob when both are].",
@@ -228,7 +229,7 @@ def submit(
 
     spec = load_job(job_file, overrides, require_image=True)
     wanted = api or spec.api
-    rendered_api = "pytorchjob" if wanted == "auto" else wanted  # auto before the cluster is asked
+    rendered_api = registry.KEYS[0] if wanted == registry.AUTO else wanted  # auto before the cluster is asked
     objects = render.render(spec, api=rendered_api)  # everything is checked before anything is built or sent
     warn_missing_code(spec, job_file)
     if build and dry_run == "client":
@@ -244,7 +245,7 @@ def submit(
 
     target_cluster = _connect(kubeconfig, context, namespace, spec.namespace)
     chosen, why = cluster.choose_api(target_cluster, wanted)
-    if wanted == "auto":
+    if wanted == registry.AUTO:
         _note(f"api: {chosen.key} ({why})")
     if chosen.key != rendered_api:
         objects = render.render(spec, api=chosen.key)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from orchestrator.apis import registry
+
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
 
@@ -81,7 +83,7 @@ def api_option(fn: F) -> F:
     """`--api auto|pytorchjob|trainjob`: which Kubeflow API renders the job (overrides the file's `api:`)."""
     return click.option(
         "--api",
-        type=click.Choice(["auto", "pytorchjob", "trainjob"]),
+        type=click.Choice(registry.CHOICES),
         default=None,
         help="Kubeflow API to render: pytorchjob (training operator v1), trainjob (Trainer v2), or auto "
         "(the file's `api:`, default auto; render: pytorchjob, submit: what the cluster serves).",

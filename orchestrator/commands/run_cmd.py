@@ -10,8 +10,6 @@ from typing import Any
 import click
 
 from orchestrator.commands.common import job_options, load_job
-from orchestrator.runtime_env import TENSORBOARD_SUBDIR
-from orchestrator.trainer.tracking import read_links
 
 
 @click.command()
@@ -52,6 +50,7 @@ def run(
       orch run job.yaml --set train.precision=bf16 --set train.optimizer.lr=1e-3
     """
     from orchestrator import local
+    from orchestrator.runtime_env import TENSORBOARD_SUBDIR
 
     spec = load_job(job_file, overrides, local_run=True)
     plan = local.plan(spec, procs=procs, steps=steps, output_dir=output_dir)
@@ -79,7 +78,9 @@ def run(
             raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
     if summary is not None:
         click.echo(format_summary(summary))
-        if (spec.tracking.tensorboard or spec.tracking.mlflow) and (links := read_links(claimed.output_dir)):
+        if (spec.tracking.tensorboard or spec.tracking.mlflow) and (
+            links := local.tracking_links(claimed.output_dir)
+        ):
             click.echo(format_links(links))
 
 

@@ -22,7 +22,6 @@ mlflow and tensorboard are optional (`pip install 'orch-trainer[tracking]'`) and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
@@ -35,16 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
 from orchestrator.redaction import redact, redact_url
-from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI, TrackingSettings
+from orchestrator.runtime_env import PIP_LINE, TrackingSettings, missing_requirements
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
-
-PIP_LINE = "pip install 'orch-trainer[tracking]'"
-# What each sink imports, and the distribution that provides it (mlflow-skinny is enough for the client).
-REQUIREMENTS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+    pass
 
 # Tags on the MLflow run. `mlflow.source.git.commit` is MLflow's own (its UI shows it as the run's source).
 TAG_JOB, TAG_NAMESPACE, TAG_API_KIND = "orch.job", "orch.namespace", "orch.api_kind"
@@ -65,68 +59,6 @@ DEFAULT_RETRY_SECONDS = 30.0
 DEFAULT_CLOSE_SECONDS = 120.0
 CLOSE_SECONDS_ENV = "ORCH_TRACKING_CLOSE_SECONDS"  # how long the end of a run waits for MLflow
 LINKS_FILE = "tracking.json"  # in the output dir: the run's links, for `orch run`'s last line
-
-
-def missing_requirements(settings: TrackingSettings) -> list[str]:
-    """The optional packages this job's tracking needs and this Python lacks (checked without importing)."""
-    wanted = (["mlflow"] if settings.mlflow else []) + (["tensorboard"] if settings.tensorboard_dir else [])
-    return [REQUIREMENTS[name] for name in wanted if importlib.util.find_spec(name) is None]
-
-
-def tracking_uri_problem(settings: TrackingSettings, environ: Mapping[str, str]) -> str | None:
-    """Why an MLflow job cannot know its server, or None (`environ`: what the trainer will see)."""
-    if not settings.mlflow or settings.mlflow_tracking_uri:
-        return None
-    if environ.get(ENV_MLFLOW_TRACKING_URI) or environ.get("MLFLOW_TRACKING_URI"):
-        return None
-    return (
-        f"no MLflow server: set tracking.mlflow.tracking_uri, or {ENV_MLFLOW_TRACKING_URI} "
-        "(e.g. from a Secret through secret_env)"
-    )
-
-
-def spec_problem(spec: JobSpec, *, local: bool) -> tuple[tuple[str, ...], str] | None:
-    """(field path, message) when the job's tracking cannot work where it is about to run, else None.
-
-    local (`orch run`): the packages must be importable here and the URI known from the spec or this shell.
-    Otherwise (render, submit): the URI must come from the spec or from the job's env / secret_env.
-    """
-    settings = TrackingSettings.for_job(spec, name=spec.name, api_kind="")
-    if not settings.enabled:
-        return None
-    if local and (missing := missing_requirements(settings)):
-        field = "mlflow" if "mlflow" in missing else "tensorboard"
-        return ("tracking", field), f"needs {' and '.join(missing)}, not installed here: {PIP_LINE}"
-    environ: Mapping[str, str] = (
-        {**os.environ, **spec.env} if local else dict.fromkeys({*spec.env, *spec.secret_env}, "set")
-    )
-    if problem := tracking_uri_problem(settings, environ):
-        return ("tracking", "mlflow", "tracking_uri"), problem
-    if not local and (problem := _store_in_pod_problem(spec, settings.mlflow_tracking_uri)):
-        return ("tracking", "mlflow", "tracking_uri"), problem
-    return None
-
-
-def _store_in_pod_problem(spec: JobSpec, uri: str | None) -> str | None:
-    """A file store (`file:`, a path, `sqlite:`) written inside a pod is lost with the pod unless it lies in
-    the output dir or on a writable volume."""
-    if not uri or not (store := local_store_path(uri)):
-        return None
-    kept = [naming.OUTPUT_DIR] + [v.mount for v in spec.volumes if not v.read_only]
-    if store.startswith("/") and any(store == k or store.startswith(k.rstrip("/") + "/") for k in kept):
-        return None
-    return (
-        f"{uri!r} is a store inside the pod, lost with it: use an MLflow server, or a path under "
-        f"{naming.OUTPUT_DIR} or a writable volume (e.g. file:{naming.OUTPUT_DIR}/mlruns)"
-    )
-
-
-def local_store_path(uri: str) -> str | None:
-    """The path of a store MLflow keeps in files (`file:`, a plain path, `sqlite:///`), or None for a server."""
-    for prefix in ("sqlite:///", "file://", "file:"):
-        if uri.startswith(prefix):
-            return uri[len(prefix) :]
-    return None if "://" in uri else uri
 
 
 # --- sinks ------------------------------------------------------------------------------------------------
@@ -604,26 +536,6 @@ def read_links(output_dir: Path) -> dict[str, str]:
         return json.loads((output_dir / LINKS_FILE).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def describe(annotations: Any) -> dict[str, str]:
-    """`orch status`'s view of a job's tracking, from the annotation render put on the job object:
-    {"mlflow": "URI experiment E, run R", "tensorboard": "DIR (in the pods)"}; {} without one (or for
-    anything unreadable: the object comes from a server)."""
-    text = annotations.get(naming.ANNOTATION_TRACKING) if isinstance(annotations, Mapping) else None
-    try:
-        record = json.loads(text) if isinstance(text, str) else {}
-    except ValueError:
-        return {}
-    if not isinstance(record, dict):
-        return {}
-    shown: dict[str, str] = {}
-    if isinstance(mlflow := record.get("mlflow"), dict):
-        uri = mlflow.get("tracking_uri") or f"(the pods' {ENV_MLFLOW_TRACKING_URI})"
-        shown["mlflow"] = redact(f"{uri} experiment {mlflow.get('experiment')}, run {mlflow.get('run_name')}")
-    if isinstance(record.get("tensorboard"), str):
-        shown["tensorboard"] = f"{record['tensorboard']} (in the pod of rank 0)"
-    return shown
 
 
 def _default_uri() -> str:

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from orchestrator import status
-from orchestrator.cluster.apis.pytorchjob import API
+from orchestrator.apis.pytorchjob import API
 from orchestrator.commands.cluster_cmds import DURATION
 from tests.fakes.kube import pod_object
 

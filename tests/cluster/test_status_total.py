@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import status
-from orchestrator.cluster.apis import all_apis
+from orchestrator.apis import all_apis
 
 JOB: dict[str, Any] = {
     "apiVersion": "kubeflow.org/v1",

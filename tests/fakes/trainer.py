@@ -1,7 +1,7 @@
 """Plays Kubeflow Trainer v2 for one TrainJob on the emulator: the trainer controller, JobSet's controller, the
 Job controller and the kubelet (nothing of them can run here).
 
-What it does is read from their source (see orchestrator/cluster/apis/trainjob.py for the references): the
+What it does is read from their source (see orchestrator/apis/trainjob.py for the references): the
 trainer builds a JobSet named like the TrainJob from the runtime's JobSet template, with TrainJob.spec.trainer
 (image, command, args, env, numNodes, resourcesPerNode) applied to the `node` container of the `node`
 replicated job, and the torch plugin's PET_* env; JobSet creates the Job `<name>-node-0`, whose pods are named

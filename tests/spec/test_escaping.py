@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import render
+from orchestrator import render, templates
 from orchestrator.spec import JobSpec
 
 SPECIALS = [
@@ -248,7 +248,7 @@ def test_user_strings_are_values_never_structure(fields, train, api):
 @settings(max_examples=150, deadline=None)
 @given(value=st.one_of(nasty, st.text()))
 def test_template_filter_emits_a_yaml_scalar_that_reads_back_unchanged(value):
-    document = f"key: {render.yaml_scalar(value)}\nnext: 1\n"
+    document = f"key: {templates.yaml_scalar(value)}\nnext: 1\n"
     assert yaml.safe_load(document) == {"key": value, "next": 1}
     assert yaml.load(document, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == {
         "key": value,

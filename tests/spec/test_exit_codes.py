@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launch, naming, render
+from orchestrator.pod import LAUNCHER
 from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import finish, kill_all, pod_command
 from tests.spec.test_torchrun_launch import free_port
@@ -166,7 +167,7 @@ def test_pytorchjob_exit_code_renders_the_retry_limit_and_the_submission_key():
     assert env[launch.ENV_SUBMISSION]["valueFrom"] == {
         "fieldRef": {"fieldPath": f"metadata.annotations['{naming.ANNOTATION_SUBMISSION}']"}
     }
-    assert container["command"][:3] == render.LAUNCHER  # a command job too: the exit code decides here
+    assert container["command"][:3] == LAUNCHER  # a command job too: the exit code decides here
     (trainjob,) = [o for o in render.render(spec, api="trainjob") if o["kind"] == "TrainJob"]
     names = {e["name"] for e in trainjob["spec"]["trainer"]["env"]}
     assert launch.ENV_RETRY_LIMIT not in names  # the Job's backoffLimit bounds a TrainJob's retries

@@ -72,7 +72,7 @@ def test_bad_output_urls_are_one_line(tmp_path, output, message):
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_orch_status_shows_the_output_url(tmp_path, api):
     from orchestrator import status
-    from orchestrator.cluster.apis import by_key
+    from orchestrator.apis import by_key
 
     job_api = by_key(api)
     job = next(o for o in render.render(load(MULTI, tmp_path), api=api) if o["kind"] == job_api.resource.kind)

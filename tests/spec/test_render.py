@@ -9,6 +9,7 @@ import yaml
 
 from orchestrator import naming, render
 from orchestrator.errors import SpecError
+from orchestrator.pod import LAUNCHER, merge_overrides
 from orchestrator.spec import TrainSpec
 from tests.spec.conftest import load
 
@@ -118,7 +119,7 @@ def test_torchrun_and_operator_env_agree_on_the_world_size(tmp_path, extra):
     job = objects(tmp_path, text)["PyTorchJob"]
     operator_env = simulated_operator_env(job)
     command = container(job, next(iter(job["spec"]["pytorchReplicaSpecs"])))["command"]
-    assert command[:4] == [*render.LAUNCHER, f"--nproc-per-node={operator_env['PET_NPROC_PER_NODE']}"]
+    assert command[:4] == [*LAUNCHER, f"--nproc-per-node={operator_env['PET_NPROC_PER_NODE']}"]
     # No flag on the command line overrides the operator's topology (torchrun reads PET_<FLAG> otherwise).
     assert not any(a.startswith(("--nnodes", "--node-rank", "--master", "--rdzv")) for a in command)
     max_nodes = int(operator_env["PET_NNODES"].split(":")[-1])
@@ -283,14 +284,14 @@ pod_overrides:
         main, sidecar = spec["containers"]
         assert main["name"] == "pytorch" and main["imagePullPolicy"] == "Always"
         assert main["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
-        assert main["command"][:3] == render.LAUNCHER
+        assert main["command"][:3] == LAUNCHER
         assert sidecar == {"name": "sidecar", "image": "busybox"}
         assert spec["tolerations"] == [{"key": "a", "operator": "Exists"}]
 
 
 def test_merge_overrides_null_deletes_and_plain_lists_replace():
     base = {"a": {"b": 1, "c": 2}, "args": ["x"], "keep": 1}
-    assert render.merge_overrides(base, {"a": {"b": None}, "args": ["y", "z"]}) == {
+    assert merge_overrides(base, {"a": {"b": None}, "args": ["y", "z"]}) == {
         "a": {"c": 2},
         "args": ["y", "z"],
         "keep": 1,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import naming, render
+from orchestrator.apis import trainjob
 from orchestrator.errors import SpecError
 from tests.fakes import volcano
 from tests.spec.conftest import load
@@ -68,7 +69,7 @@ def test_trainjob_carries_every_per_pod_setting(tmp_path):
     assert job["spec"]["activeDeadlineSeconds"] == 7200
     assert job["spec"]["runtimeRef"] == {
         "name": "demo",
-        "apiGroup": naming.TRAINER_API_GROUP,
+        "apiGroup": trainjob.GROUP,
         "kind": "TrainingRuntime",
     }
     pod = runtime_pod(found)
@@ -94,7 +95,7 @@ def test_the_runtime_has_the_torch_distributed_shape_and_is_named_like_the_job(t
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 4, "torch": {}}
     rjob = runtime_job(found)
     assert rjob["name"] == "node" and rjob["replicas"] == 1
-    assert rjob["template"]["metadata"]["labels"] == {naming.LABEL_TRAINJOB_ANCESTOR: "trainer"}
+    assert rjob["template"]["metadata"]["labels"] == {trainjob.LABEL_TRAINJOB_ANCESTOR: "trainer"}
 
 
 def test_render_auto_is_a_pytorchjob_and_api_picks_the_kind(tmp_path):
@@ -185,11 +186,11 @@ def test_runtime_name_references_the_cluster_runtime_and_patches_the_pods(tmp_pa
     job = found["TrainJob"]
     assert job["spec"]["runtimeRef"] == {
         "name": "torch-distributed",
-        "apiGroup": naming.TRAINER_API_GROUP,
+        "apiGroup": trainjob.GROUP,
         "kind": "ClusterTrainingRuntime",
     }
     (patch,) = job["spec"]["runtimePatches"]
-    assert patch["manager"] == naming.RUNTIME_PATCH_MANAGER
+    assert patch["manager"] == trainjob.RUNTIME_PATCH_MANAGER
     (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     pod = rjob["template"]["spec"]["template"]
     assert pod["metadata"]["labels"][naming.LABEL_JOB] == "demo"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import naming, render
+from orchestrator.apis import trainjob
 from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import kill_all
 from tests.spec.test_torchrun_launch import free_port
@@ -35,7 +36,7 @@ def test_trainjob_pod_command_on_two_nodes_trains_like_orch_run(tmp_path):
     trainer = objects["TrainJob"]["spec"]["trainer"]
     (replicated_job,) = objects["TrainingRuntime"]["spec"]["template"]["spec"]["replicatedJobs"]
     (container,) = replicated_job["template"]["spec"]["template"]["spec"]["containers"]
-    assert container["name"] == naming.TRAINJOB_CONTAINER_NAME and trainer["command"] == container["command"]
+    assert container["name"] == trainjob.TRAINER_NODE and trainer["command"] == container["command"]
     # The ConfigMap mounted at /etc/orch, here a folder of our own.
     config = tmp_path / "etc-orch"
     config.mkdir()

@@ -7,10 +7,9 @@ import json
 import pytest
 import yaml
 
-from orchestrator import loading, render, runtime_env, status
+from orchestrator import loading, render, runtime_env, status, tracking_record
 from orchestrator.errors import SpecError
 from orchestrator.naming import ANNOTATION_TRACKING
-from orchestrator.trainer import tracking
 from tests.spec.manifest_checks import objects_errors
 
 BASE = """\
@@ -146,9 +145,9 @@ def test_bad_tracking_sections(tmp_path, text, overrides, kwargs, expected):
 
 def test_orch_run_refuses_tracking_without_the_packages(tmp_path, monkeypatch):
     """The one case this test fakes: the extra not installed (find_spec is what the check asks)."""
-    real = tracking.importlib.util.find_spec
+    real = runtime_env.importlib.util.find_spec
     monkeypatch.setattr(
-        tracking.importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+        runtime_env.importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
     )
     with pytest.raises(SpecError) as error:
         load(tmp_path, BASE, local_run=True)
@@ -170,7 +169,7 @@ def test_orch_run_takes_the_uri_from_the_shell(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_orch_status_shows_where_the_job_is_recorded(tmp_path, api):
-    from orchestrator.cluster.apis import by_key
+    from orchestrator.apis import by_key
 
     job_api = by_key(api)
     job = next(o for o in render.render(load(tmp_path), api=api) if o["kind"] == job_api.resource.kind)
@@ -207,7 +206,7 @@ def test_a_uri_with_a_password_is_refused_and_not_echoed(tmp_path):
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_job_free_text_cannot_forge_status_lines(tmp_path, api):
     """An experiment name with a newline (tab and newline are allowed in free strings) stays on its line."""
-    from orchestrator.cluster.apis import by_key
+    from orchestrator.apis import by_key
 
     job_api = by_key(api)
     text = BASE.replace("experiment: digits", 'experiment: "digits\\nPhase:       Succeeded"')
@@ -222,4 +221,4 @@ def test_an_annotation_with_a_password_is_shown_redacted(tmp_path):
     annotations = {
         ANNOTATION_TRACKING: json.dumps({"mlflow": {"tracking_uri": "http://u:pw@h:5000", "experiment": "e"}})
     }
-    assert tracking.describe(annotations)["mlflow"].startswith("http://u:***@h:5000 experiment e")
+    assert tracking_record.describe(annotations)["mlflow"].startswith("http://u:***@h:5000 experiment e")

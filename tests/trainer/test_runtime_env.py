@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator import loading, local, render, runtime_env
+from orchestrator import loading, local, pod, render, runtime_env
 from orchestrator.runtime_env import RuntimeEnv
 from tests.trainer.conftest import REPO
 
@@ -33,7 +33,7 @@ def test_defaults_are_the_job_specs():
 
 def test_render_and_orch_run_give_the_trainer_the_same_facts(tmp_path):
     spec = loading.load_job(REPO / "examples" / "gpt.yaml", ["metrics.peak_tflops=312", "metrics.port=9555"])
-    pod_env = {e["name"]: e["value"] for e in render._env(spec, spec.name) if "value" in e}
+    pod_env = {e["name"]: e["value"] for e in pod._env(spec, spec.name, "PyTorchJob") if "value" in e}
     in_pod = RuntimeEnv.from_environ(pod_env)
     here = RuntimeEnv.from_environ(local.plan(spec, output_dir=str(tmp_path)).env)
     assert in_pod == RuntimeEnv(

@@ -1,17 +1,20 @@
-"""The job APIs orch submits to, behind one interface: `JobAPI`.
+"""`JobAPI`: what each job API module (orchestrator/apis/<key>.py) provides. Imports no API module.
 
-Everything above this package (submit, status, list, logs, wait, delete, doctor) is written against `JobAPI`
-only; each API is one module that implements it (`pytorchjob`: Kubeflow Training Operator v1; `trainjob`:
-Kubeflow Trainer v2). The methods are pure functions of the objects the cluster returned; the I/O stays in
-`orchestrator.cluster.client`.
+Everything above the API modules (render, submit, status, list, logs, wait, delete, doctor) is written
+against this interface only. Its methods are pure functions: of the spec (what the API refuses, the objects
+it renders) or of the objects the cluster returned (phase, replicas, pods); the I/O stays in
+`orchestrator.cluster`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.cluster.resources import Resource
+from orchestrator.resources import Resource
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
 
 
 class JobAPI(Protocol):
@@ -25,6 +28,36 @@ class JobAPI(Protocol):
     container: str  # the training container: its log is the job's log, its exit code decides the job
     operator: str  # what serves it, in words: "Kubeflow training operator"
     install: str  # one line: how a cluster admin installs it (and where its docs are)
+    docs: str  # the upstream docs page of the API (docs tables, `orch doctor`)
+
+    # --- writing: from a validated spec ---
+
+    def spec_problem(self, spec: JobSpec, name: str) -> tuple[str, str] | None:
+        """(field, why) when `spec`, submitted as `name`, cannot run as this API; None when it can."""
+        ...
+
+    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
+        """The API's objects in apply order (the job last), from render's template context."""
+        ...
+
+    def restarts_replace_pods(self, spec: JobSpec) -> bool:
+        """Whether a restart of this job creates new pods (a new emptyDir) rather than restarting containers."""
+        ...
+
+    def retry_limit(self, spec: JobSpec) -> int | None:
+        """How many exit-code retries orchestrator.launch allows, where the controller does not bound them
+        itself; None: the controller does (0 is a limit too)."""
+        ...
+
+    def warnings(self, spec: JobSpec) -> list[str]:
+        """What the job risks on this API in particular (render.warnings adds the shared ones)."""
+        ...
+
+    def groups_pod_sets(self, spec: JobSpec) -> bool:
+        """Whether Kueue's topology-aware scheduling needs a podset group (the job has several PodSets)."""
+        ...
+
+    # --- reading: from the objects the cluster returned ---
 
     def unknown_field(self, field: str) -> str | None:
         """One line for a field of the job that the cluster's CRD lacks (an older release): which release
@@ -66,14 +99,3 @@ class JobAPI(Protocol):
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """How many times the job (or, where the API cannot restart it whole, a pod of it) restarted."""
         ...
-
-
-def all_apis() -> tuple[JobAPI, ...]:
-    """Every API orch knows, in the order `orch submit --api auto` prefers them."""
-    from orchestrator.cluster.apis import pytorchjob, trainjob
-
-    return (pytorchjob.API, trainjob.API)
-
-
-def by_key(key: str) -> JobAPI:
-    return next(api for api in all_apis() if api.key == key)

@@ -1,0 +1,251 @@
+"""Kubeflow Training Operator v1: `kubeflow.org/v1` PyTorchJob (Master + Worker replicas).
+
+Writing (manifests/pytorchjob.yaml.j2 places what `render` computes). Facts about the operator v1.9 this
+relies on (see docs/jobspec.md):
+- it sets PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT (or PET_RDZV_* when elastic) and
+  PET_NPROC_PER_NODE (from spec.nprocPerNode) in every container, and torchrun reads each `--flag` from
+  `PET_<FLAG>`; so the command only names what to run, and topology follows the operator (also when the
+  Worker replicas are scaled);
+- the Master replica must say `replicas: 1`; a job without a Master (elastic) rendezvouses at worker-0;
+- the main container must be called `pytorch` and expose the port `pytorchjob-port`.
+
+Reading: the operator's conditions are a history, not a state: `kubectl get`'s `conditions[-1].type` may be a
+condition whose status is "False" (Suspended=False after a resume, Running=False after success). So the phase
+is the highest-precedence condition whose status is "True" (see `PHASE_PRECEDENCE`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
+
+RESOURCE = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/"
+INSTALL = 'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"'
+
+TEMPLATE = "pytorchjob.yaml.j2"
+
+CONTAINER = "pytorch"  # the operator requires it; logs and exit codes are read from it
+RDZV_PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT / the rendezvous port from this port
+RDZV_PORT = 23456
+# Labels the operator (v1.9) puts on the pods it creates (read-only for orch).
+LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)
+LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+
+CLEAN_POD_POLICY = "Running"  # on finish, delete pods still running (frees GPUs); keep finished ones for logs
+# job: OnFailure, so a pod whose agent gave up (or that was killed) comes back and rejoins the rendezvous.
+RESTART_POLICIES = {"job": "OnFailure", "on-failure": "OnFailure", "exit-code": "ExitCode", "never": "Never"}
+
+# Highest first. Once Failed=True the operator stops updating conditions, so it wins over everything.
+PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+class PyTorchJobAPI:
+    key = "pytorchjob"
+    resource = RESOURCE
+    owned: tuple[Resource, ...] = (CONFIGMAP, PODMONITOR)
+    before: tuple[Resource, ...] = ()
+    restarts_whole_job = False
+    transient_denial: re.Pattern[str] | None = None
+    container = CONTAINER
+    operator = "Kubeflow training operator"
+    install = f"{INSTALL} (see {DOCS})"
+    docs = DOCS
+
+    # --- writing ---
+
+    def spec_problem(self, spec: JobSpec, name: str) -> tuple[str, str] | None:
+        if spec.runtime is not None:
+            return "runtime", "names a Trainer v2 ClusterTrainingRuntime; it needs api: trainjob"
+        return None
+
+    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
+        ports = [
+            {"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT, "protocol": "TCP"},
+            *pod.metrics_ports(spec),
+        ]
+        job_context = {
+            **context,
+            "nproc_per_node": str(spec.procs_per_node),
+            "run_policy": _run_policy(spec),
+            "elastic_policy": _elastic_policy(spec),
+            "replicas": _replicas(spec),
+            "restart_policy": RESTART_POLICIES[spec.restart.policy or "on-failure"],
+            "pod_template": pod.template(context, container=CONTAINER, ports=ports),
+        }
+        return [templates.render_template(TEMPLATE, job_context)]
+
+    def restarts_replace_pods(self, spec: JobSpec) -> bool:
+        """ExitCode retries get a new pod; the other policies restart containers in place."""
+        return spec.restart.policy == "exit-code"
+
+    def retry_limit(self, spec: JobSpec) -> int | None:
+        """The v1 operator recreates a pod that exits >= 128 without limit under ExitCode (launch.py)."""
+        return spec.restart.backoff_limit if spec.restart.policy == "exit-code" else None
+
+    def warnings(self, spec: JobSpec) -> list[str]:
+        found = []
+        if spec.restart.policy == "exit-code" and spec.output is None:
+            found.append(
+                "restart.policy exit-code on a PyTorchJob: the v1 operator recreates a pod that exits >= 128 "
+                f"without limit; orch's launcher counts the starts in {naming.OUTPUT_DIR}, an emptyDir that "
+                f"goes with each pod, so backoff_limit ({spec.restart.backoff_limit}) does not bound the "
+                "retries; set output: {pvc: CLAIM}, or a deadline"
+            )
+        if spec.restart.policy == "job" and spec.nodes > 1:
+            found.append(max_restarts_meaning(spec))
+        return found
+
+    def groups_pod_sets(self, spec: JobSpec) -> bool:
+        return master_and_workers(spec)
+
+    # --- reading ---
+
+    def unknown_field(self, field: str) -> str | None:
+        return None  # every field orch writes is in the v1.9 CRD
+
+    def pod_selector(self, name: str) -> str:
+        return f"{LABEL_OPERATOR_JOB_NAME}={name}"
+
+    def phase(self, job: dict[str, Any]) -> str:
+        return status.phase_by_precedence(job, PHASE_PRECEDENCE)
+
+    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+        return status.true_condition(job, self.phase(job))
+
+    def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
+        counts = status.dig(job, "status", "replicaStatuses")
+        counts = counts if isinstance(counts, dict) else {}
+        return {str(role): status.replica_counts(c) for role, c in sorted(counts.items())}
+
+    def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
+        labels = status.dig(pod, "metadata", "labels")
+        role = status.text(status.dig(labels, LABEL_REPLICA_TYPE)) or "?"
+        return role, status.to_int(status.dig(labels, LABEL_REPLICA_INDEX))
+
+    def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
+        has_master = status.dig(job, "spec", "pytorchReplicaSpecs", "Master") is not None
+        return 0 if role == "master" else index + (1 if has_master else 0)
+
+    def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
+        """Master + Worker replicas, and the `pytorch` container's GPUs."""
+        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        specs = (
+            [r for r in replica_specs.values() if isinstance(r, dict)]
+            if isinstance(replica_specs, dict)
+            else []
+        )
+        nodes = sum(status.to_int(r.get("replicas")) for r in specs)
+        gpus = max((status.template_gpus(r.get("template"), self.container) for r in specs), default=0)
+        return nodes, gpus
+
+    def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+        names = {status.text(status.dig(p, "metadata", "name")) for p in pods}
+        return {status.text(status.dig(job, "metadata", "name"))} | names
+
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """The operator restarts pods, not the job: the most any pod's `pytorch` container restarted."""
+        return max((status.restart_count(p, self.container) for p in pods), default=0)
+
+
+API = PyTorchJobAPI()
+
+
+# --- restarts, elasticity and gangs: the spec in the operator's terms --------------------------------------
+
+
+def max_restarts_meaning(spec: JobSpec) -> str:
+    """What restart.max_restarts bounds on a PyTorchJob, in one line. Each pod's torchrun agent counts only
+    its own workers' failures (a peer's restart is a membership change, which does not count: torch's
+    agent/server/api.py `_invoke_run`), and an agent that gave up exits and is restarted by the kubelet
+    with a fresh count, until the container restarts summed over the pods pass backoffLimit."""
+    restarts, backoff = spec.restart.max_restarts, _backoff_limit(spec)
+    most = restarts * (spec.nodes + backoff) + backoff
+    return (
+        f"restart.max_restarts {restarts} on a PyTorchJob bounds each pod's torchrun agent, not the job: the "
+        f"{spec.nodes} pods may re-form the group up to {most} times (max_restarts x (nodes + backoffLimit "
+        f"{backoff}) + backoffLimit); a TrainJob restarts the whole job exactly {restarts} times"
+    )
+
+
+def elastic_agent(spec: JobSpec) -> bool:
+    """Whether torchrun runs as an elastic agent: `elastic:` jobs, and restart.policy job (min = max = nodes:
+    any failed process makes every agent restart its workers and re-form the group)."""
+    return spec.elastic is not None or spec.restart.policy == "job"
+
+
+def master_and_workers(spec: JobSpec) -> bool:
+    return not elastic_agent(spec) and spec.nodes > 1
+
+
+def _replicas(spec: JobSpec) -> list[dict[str, Any]]:
+    if elastic_agent(spec):
+        # Elastic jobs are Workers only: the operator points PET_RDZV_ENDPOINT at worker-0 and scales Workers.
+        return [{"type": "Worker", "count": spec.nodes}]
+    replicas = [{"type": "Master", "count": 1}]
+    if spec.nodes > 1:  # Worker replicas: 0 makes the operator create and delete a pod in a loop
+        replicas.append({"type": "Worker", "count": spec.nodes - 1})
+    return replicas
+
+
+def _backoff_limit(spec: JobSpec) -> int:
+    """runPolicy.backoffLimit: container restarts (summed over the pods) before the job fails. Under
+    restart.policy job a restart that goes through the pods (an agent gave up, a pod was killed) restarts up
+    to every pod once, so the bound is max_restarts x nodes."""
+    if spec.restart.policy == "job":
+        return spec.restart.max_restarts * spec.nodes
+    return spec.restart.backoff_limit
+
+
+def _run_policy(spec: JobSpec) -> dict[str, Any]:
+    policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": _backoff_limit(spec)}
+    if spec.deadline is not None:
+        policy["activeDeadlineSeconds"] = spec.deadline
+    if spec.ttl_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
+    if (gang := _scheduling_policy(spec)) is not None:
+        policy["schedulingPolicy"] = gang
+    if scheduling.kueue_queue(spec) is not None:
+        # Created suspended: Kueue resumes the job once its Workload (every pod) is admitted.
+        policy["suspend"] = True
+    return policy
+
+
+def _scheduling_policy(spec: JobSpec) -> dict[str, Any] | None:
+    """runPolicy.schedulingPolicy: the v1 operator (run with --gang-scheduler-name) creates a PodGroup from
+    it; minAvailable is every pod of the job."""
+    scheduler = scheduling.gang_scheduler(spec)
+    if scheduler is None:
+        return None
+    policy: dict[str, Any] = {"minAvailable": spec.nodes}
+    if scheduler == "volcano":
+        if spec.scheduling.queue:
+            policy["queue"] = spec.scheduling.queue
+        if spec.scheduling.priority_class:
+            policy["priorityClass"] = spec.scheduling.priority_class
+    return policy
+
+
+def _elastic_policy(spec: JobSpec) -> dict[str, Any] | None:
+    if spec.elastic is None:
+        if spec.restart.policy != "job":
+            return None
+        return {
+            "rdzvBackend": "c10d",
+            "minReplicas": spec.nodes,
+            "maxReplicas": spec.nodes,
+            "maxRestarts": spec.restart.max_restarts,
+        }
+    return {
+        "rdzvBackend": "c10d",
+        "minReplicas": spec.elastic.min_nodes,
+        "maxReplicas": spec.elastic.max_nodes,
+        "maxRestarts": spec.elastic.max_restarts,
+    }

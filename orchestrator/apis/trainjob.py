@@ -1,0 +1,457 @@
+"""Kubeflow Trainer v2: `trainer.kubeflow.org/v1alpha1` TrainJob, run by JobSet.
+
+Writing (kubeflow/trainer master; docs/decisions.md has the design):
+- the TrainJob's runtime is a JobSet template; the replicated job labelled
+  trainer.kubeflow.org/trainjob-ancestor-step=trainer and its container `node` get the TrainJob's image,
+  command, env, resourcesPerNode, and PET_NNODES/NPROC_PER_NODE/NODE_RANK/MASTER_ADDR/MASTER_PORT from the
+  torch plugin, so the same torchrun command runs under both APIs;
+- orch renders a namespaced TrainingRuntime per job (the whole pod template is orch's), or, with
+  `runtime: NAME`, patches a ClusterTrainingRuntime through runtimePatches (only the fields that CRD allows).
+
+Reading:
+The trainer controller turns a TrainJob plus its runtime (a TrainingRuntime orch renders per job, or a
+ClusterTrainingRuntime named by `runtime:`) into a JobSet of the same name; JobSet creates one Job per
+replicated job and the Job the pods. Facts read from the source (kubeflow/trainer pkg/apis/trainer/v1alpha1,
+pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
+- conditions: Created (reason JobsCreationSucceeded / JobsBuildFailed / JobsCreationFailed), Suspended,
+  Complete, Failed. There is no Running condition: running is read from `status.jobsStatus` (per replicated
+  job: ready / active / succeeded / failed child Jobs), copied from the JobSet.
+- the training pods belong to the replicated job "node" and their container is named "node"; the torch plugin
+  injects PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK (the Job completion index) / PET_MASTER_ADDR /
+  PET_MASTER_PORT into it.
+- JobSet labels every pod `jobset.sigs.k8s.io/jobset-name`, `.../replicatedjob-name`, `.../job-index` and
+  `.../restart-attempt` (how many times the whole JobSet was recreated); the Job controller adds
+  `batch.kubernetes.io/job-completion-index`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec
+
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+RESOURCE = Resource(GROUP, VERSION, "trainjobs", "TrainJob")
+TRAINING_RUNTIME = Resource(GROUP, VERSION, "trainingruntimes", "TrainingRuntime")
+CLUSTER_TRAINING_RUNTIME = Resource(GROUP, VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime")
+DOCS = "https://www.kubeflow.org/docs/components/trainer/operator-guides/installation/"
+INSTALL = (
+    "helm install kubeflow-trainer oci://ghcr.io/kubeflow/charts/kubeflow-trainer "
+    "--namespace kubeflow-system --create-namespace --set runtimes.defaultEnabled=true"
+)
+
+# Labels JobSet and the Job controller put on the pods (read-only for orch).
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LABEL_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+TRAINER_NODE = "node"  # the replicated job and container the trainer's torch plugin configures
+
+# What the trainer's JobSet builder looks for (pkg/constants/constants.go): the replicated job labelled
+# ancestor=trainer, its container `node` (pods are <job>-node-0-<i>).
+LABEL_TRAINJOB_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINJOB_ANCESTOR_TRAINER = "trainer"
+RUNTIME_PATCH_MANAGER = "orch.dev/render"  # runtimePatches[].manager of orch's patch
+TRAINJOB_TEMPLATE, RUNTIME_TEMPLATE = "trainjob.yaml.j2", "trainingruntime.yaml.j2"
+EXIT_CODES_PERMANENT = list(range(1, 128))  # restart.policy exit-code: 1-127 fail the job, signals retry
+
+# torchrun's settings that the torch plugin injects; its webhook refuses them in trainer.env.
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+# Pod spec fields a TrainJob's runtimePatches may set (the TrainJob CRD), and what a container patch may say.
+RUNTIME_PATCH_POD_FIELDS = (
+    "affinity",
+    "containers",
+    "imagePullSecrets",
+    "initContainers",
+    "nodeSelector",
+    "schedulingGates",
+    "securityContext",
+    "serviceAccountName",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "volumes",
+)
+RUNTIME_PATCH_CONTAINER_FIELDS = ("name", "volumeMounts", "securityContext")
+
+# The webhooks look the runtime up in the manager's informer cache, which lags its create by up to seconds:
+# Trainer (pkg/runtime/core/trainingruntime.go ValidateObjects: "specified trainingRuntime must be created before
+# the TrainJob is created") and Kueue (pkg/controller/jobs/trainjob/trainjob_controller.go getChildJobSet:
+# "runtime '%s' not found"). orch creates the runtime a moment before the TrainJob, so these are retried.
+RUNTIME_NOT_SEEN_YET = re.compile(r"must be created before the TrainJob is created|runtime '[^']*' not found")
+
+# TrainJob fields by the Trainer release that added them (pkg/apis/trainer/v1alpha1/trainjob_types.go at
+# v2.1.0/v2.2.0/v2.3.0), for a strict create refused by an older CRD: (pattern, version, what orch set it from
+# and what to do).
+FIELDS_SINCE = (
+    (
+        re.compile(r"spec\.activeDeadlineSeconds"),
+        "v2.2",
+        "job.yaml's deadline: remove deadline",
+    ),
+    (
+        re.compile(r"spec\.runtimePatches.*\.terminationGracePeriodSeconds"),
+        "v2.3",
+        "the pods' termination grace period with runtime: NAME: remove it from pod_overrides, or drop runtime:",
+    ),
+    (
+        re.compile(r"spec\.runtimePatches"),
+        "v2.2",
+        "runtime: NAME (v2.1 has podTemplateOverrides, which orch does not write): drop runtime: so orch "
+        "renders its own TrainingRuntime",
+    ),
+)
+
+CRD_NAME = f"{RESOURCE.plural}.{GROUP}"
+# What each Trainer release can run of what orch renders (docs/cluster.md, "Trainer and Kueue versions").
+FEATURES_MISSING = {
+    "v2.0": "no deadline, no runtime: NAME (no activeDeadlineSeconds, runtimePatches)",
+    "v2.1": "no deadline, no runtime: NAME (no activeDeadlineSeconds, runtimePatches)",
+    "v2.2": "no terminationGracePeriodSeconds in a runtime: NAME job's patch",
+    "v2.3": "",
+}
+
+
+def feature_level(crd: dict[str, Any]) -> str | None:
+    """The Trainer release whose TrainJob fields the CRD's schema has ("v2.0" ... "v2.3"; later releases read
+    as "v2.3"), from the fields that came with each (trainjob_types.go at each tag); None if unreadable."""
+    versions = status.objects(status.dig(crd, "spec", "versions"))
+    served = next((v for v in versions if v.get("name") == VERSION), None)
+    spec = status.dig(served, "schema", "openAPIV3Schema", "properties", "spec", "properties")
+    if not isinstance(spec, dict):
+        return None
+    if "runtimePatches" in spec:
+        pod = status.dig(
+            spec, "runtimePatches", "items", "properties", "trainingRuntimeSpec", "properties", "template",
+            "properties", "spec", "properties", "replicatedJobs", "items", "properties", "template",
+            "properties", "spec", "properties", "template", "properties", "spec", "properties",
+        )  # fmt: skip
+        return "v2.3" if isinstance(pod, dict) and "terminationGracePeriodSeconds" in pod else "v2.2"
+    if "podTemplateOverrides" in spec:
+        return "v2.1"
+    return "v2.0" if "podSpecOverrides" in spec else None
+
+
+# Highest first; "Succeeded" is orch's word for the API's "Complete" (one vocabulary for every API).
+PHASE_PRECEDENCE = ("Failed", "Complete", "Suspended")
+ORCH_PHASE = {"Complete": "Succeeded"}
+
+
+class TrainJobAPI:
+    key = "trainjob"
+    resource = RESOURCE
+    owned: tuple[Resource, ...] = (CONFIGMAP, TRAINING_RUNTIME, PODMONITOR)
+    # The trainer's webhook rejects a TrainJob whose TrainingRuntime does not exist yet (core/trainingruntime.go
+    # ValidateObjects: "specified trainingRuntime must be created before the TrainJob is created").
+    before: tuple[Resource, ...] = (TRAINING_RUNTIME,)
+    restarts_whole_job = True
+    transient_denial: re.Pattern[str] | None = RUNTIME_NOT_SEEN_YET
+    container = TRAINER_NODE
+    operator = "Kubeflow Trainer v2"
+    install = f"{INSTALL} (see {DOCS})"
+    docs = DOCS
+
+    # --- writing ---
+
+    def spec_problem(self, spec: JobSpec, name: str) -> tuple[str, str] | None:
+        if spec.elastic is not None:
+            return (
+                "elastic",
+                "TrainJob (Trainer v2) has no elastic training (removed in v2.2); use api: pytorchjob",
+            )
+        if spec.ttl_after_finished is not None:
+            return (
+                "ttl_after_finished",
+                "TrainJob has no TTL (a JobSet TTL makes the controller re-run it, kubeflow/trainer#3737); "
+                "remove it and `orch delete` finished jobs",
+            )
+        if problem := name_problem(name, spec.nodes):
+            return "name", problem
+        if reserved := sorted(set(spec.env) & set(RESERVED_ENV)):
+            return "env", f"{reserved[0]} is set by Trainer v2's torch plugin; TrainJob refuses it in the env"
+        if spec.runtime is not None:
+            return _runtime_patch_problem(spec)
+        return None
+
+    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
+        """orch's TrainingRuntime (how the pods look: the whole JobSet template), unless `runtime:` names
+        one, then the TrainJob (what runs: image, command, env, sizes)."""
+        objects = []
+        if spec.runtime is None:
+            labels = {**spec.labels, **naming.standard_labels(context["name"], naming.COMPONENT_RUNTIME)}
+            runtime_context = {
+                **context,
+                "runtime_labels": labels,
+                "runtime_spec": _runtime_spec(spec, context),
+            }
+            objects.append(templates.render_template(RUNTIME_TEMPLATE, runtime_context))
+        job_context = {**context, "trainjob_spec": _trainjob_spec(spec, context)}
+        objects.append(templates.render_template(TRAINJOB_TEMPLATE, job_context))
+        return objects
+
+    def restarts_replace_pods(self, spec: JobSpec) -> bool:
+        """JobSet's whole-job restart and ExitCode retries create new pods; a runtime decides for itself
+        (orch cannot tell)."""
+        return spec.runtime is None and spec.restart.policy in ("job", "exit-code")
+
+    def retry_limit(self, spec: JobSpec) -> int | None:
+        return None  # the batch Job's backoffLimit and podFailurePolicy bound them
+
+    def warnings(self, spec: JobSpec) -> list[str]:
+        return []
+
+    def groups_pod_sets(self, spec: JobSpec) -> bool:
+        # One replicated job is one PodSet, and Kueue refuses a group that is not of exactly 2 PodSets
+        # (pkg/controller/jobframework/tas_validation.go ValidatePodSetGroupingTopology).
+        return False
+
+    # --- reading ---
+
+    def unknown_field(self, field: str) -> str | None:
+        """Why the cluster's TrainJob CRD lacks `field` (a strict create named it) and what to do."""
+        for pattern, version, remedy in FIELDS_SINCE:
+            if pattern.fullmatch(field) or pattern.match(field):
+                return (
+                    f"this cluster's Trainer has no TrainJob field {field}: it came with Trainer {version}; "
+                    f"orch set it from {remedy}, or ask a cluster admin to upgrade Trainer to {version} or later"
+                )
+        return None
+
+    def pod_selector(self, name: str) -> str:
+        return f"{LABEL_JOBSET_NAME}={name},{LABEL_REPLICATED_JOB}={TRAINER_NODE}"
+
+    def phase(self, job: dict[str, Any]) -> str:
+        decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
+        if decided != status.PENDING:
+            return ORCH_PHASE.get(decided, decided)
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        if any(status.to_int(c.get("ready")) > 0 for c in children):
+            return "Running"
+        if status.true_condition(job, "Created") or children:
+            return "Created"
+        return status.PENDING
+
+    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+        decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
+        return status.true_condition(job, decided if decided != status.PENDING else "Created")
+
+    def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
+        """Per replicated job, its child Jobs (not pods: that is what the TrainJob counts)."""
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        return {status.text(c.get("name")) or "?": status.replica_counts(c) for c in children}
+
+    def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
+        index = status.dig(pod, "metadata", "labels", LABEL_COMPLETION_INDEX)
+        if index is None:
+            index = status.dig(pod, "metadata", "annotations", LABEL_COMPLETION_INDEX)
+        role = status.text(status.dig(pod, "metadata", "labels", LABEL_REPLICATED_JOB)) or "?"
+        return role, status.to_int(index)
+
+    def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
+        return index  # PET_NODE_RANK is the Job completion index of the "node" pods
+
+    def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
+        """From `spec.trainer` (numNodes, resourcesPerNode); 0 where the runtime alone decides."""
+        trainer = status.dig(job, "spec", "trainer")
+        gpus = status.dig(trainer, "resourcesPerNode", "limits", status.GPU_RESOURCE)
+        return status.to_int(status.dig(trainer, "numNodes")), status.to_int(gpus)
+
+    def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+        """The TrainJob and its JobSet (same name), the child Jobs (<jobset>-<replicated job>-<index>), the pods."""
+        name = status.text(status.dig(job, "metadata", "name"))
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        names = (
+            {name}
+            | {f"{name}-{status.text(c.get('name')) or TRAINER_NODE}-0" for c in children}
+            | {f"{name}-{TRAINER_NODE}-0"}
+        )
+        for p in pods:
+            names.add(status.text(status.dig(p, "metadata", "name")))
+            replicated = status.text(status.dig(p, "metadata", "labels", LABEL_REPLICATED_JOB))
+            index = status.text(status.dig(p, "metadata", "labels", LABEL_JOB_INDEX))
+            if replicated and index:
+                names.add(f"{name}-{replicated}-{index}")
+        return names
+
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """How many times JobSet recreated every pod (its restart attempt, on each pod)."""
+        return max(
+            (status.to_int(status.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
+            default=0,
+        )  # fmt: skip
+
+
+API = TrainJobAPI()
+
+
+# --- what a TrainJob cannot carry ----------------------------------------------------------------------------
+
+
+def name_problem(name: str, nodes: int) -> str | None:
+    """JobSet's webhook refuses a JobSet whose longest pod name, <name>-node-0-<index>-<5 random>, is not a
+    DNS-1035 label (at most 63 characters); the Trainer creates that JobSet after accepting the TrainJob."""
+    longest = f"{name}-node-0-{nodes - 1}-abcde"
+    if len(longest) <= 63:
+        return None
+    return (
+        f"{len(name)} characters is too long for a TrainJob of {nodes} nodes: JobSet names its pods "
+        f"<name>-node-0-<index>-<5 random> within 63 characters; use at most {63 - len(longest) + len(name)}"
+    )
+
+
+def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
+    """What a TrainJob cannot carry in runtimePatches when it runs on someone else's runtime."""
+    why = f"runtimePatches cannot set it; the ClusterTrainingRuntime {spec.runtime!r} decides"
+    for field, value in (
+        ("scheduling.scheduler", spec.scheduling.scheduler),
+        ("scheduling.priority_class", spec.scheduling.priority_class),
+        ("scheduling.gang", spec.scheduling.gang),
+    ):
+        if value is not None:
+            return field, f"{why} (remove it, or drop runtime: to let orch render the runtime)"
+    for key, value in spec.pod_overrides.items():
+        if key not in RUNTIME_PATCH_POD_FIELDS:
+            return (
+                f"pod_overrides.{key}",
+                f"{why} (runtimePatches may set {', '.join(RUNTIME_PATCH_POD_FIELDS)})",
+            )
+        if key == "containers" and isinstance(value, list):
+            for container in value:
+                extra = (
+                    sorted(set(container) - set(RUNTIME_PATCH_CONTAINER_FIELDS))
+                    if isinstance(container, dict)
+                    else []
+                )
+                if extra:
+                    return f"pod_overrides.containers.{extra[0]}", f"{why} (a container patch may set name, "
+                    "volumeMounts and securityContext)"
+    return None
+
+
+# --- the spec in Trainer v2's terms ---------------------------------------------------------------------------
+
+
+def _trainjob_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    trainer: dict[str, Any] = {
+        "image": spec.image,
+        "command": context["command"],
+        "env": context["env"],
+        "numNodes": spec.nodes,
+        "numProcPerNode": spec.procs_per_node,
+    }
+    if resources := _resources_per_node(context):
+        trainer["resourcesPerNode"] = resources
+    job_spec: dict[str, Any] = {
+        "runtimeRef": {
+            "name": spec.runtime or context["name"],
+            "apiGroup": GROUP,
+            "kind": CLUSTER_TRAINING_RUNTIME.kind if spec.runtime else TRAINING_RUNTIME.kind,
+        },
+        "trainer": trainer,
+    }
+    if scheduling.kueue_queue(spec) is not None:
+        job_spec["suspend"] = True  # Kueue resumes it once the whole Workload is admitted
+    if spec.deadline is not None:
+        job_spec["activeDeadlineSeconds"] = spec.deadline
+    if spec.runtime is not None:
+        job_spec["runtimePatches"] = [_runtime_patch(context)]
+    return job_spec
+
+
+def _resources_per_node(context: dict[str, Any]) -> dict[str, Any]:
+    """The `node` container's resources: orch's (GPUs, cpu, memory) merged with what pod_overrides add to the
+    main container (EFA, RDMA, hugepages...). All of them go in trainer.resourcesPerNode, because Trainer
+    v2.1/v2.2 replace the runtime container's resources with it (pkg/runtime/framework/plugins/jobset/
+    builder.go Trainer: `WithResources(requirements)`; v2.3 merges), so extras left in the runtime were lost."""
+    merged = pod.template(context, container=TRAINER_NODE, carries=("resources",))
+    resources = pod.main_container(merged, TRAINER_NODE).get("resources")
+    return resources if isinstance(resources, dict) else {}
+
+
+def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """A TrainingRuntime spec shaped like Trainer v2's torch-distributed runtime (one replicated job `node`,
+    labelled ancestor=trainer, container `node`), with orch's whole pod template and restart rules. Env and
+    resources travel in the TrainJob's spec.trainer (the torch plugin puts them on the container)."""
+    restart_policy, job_rules, failure_policy = _jobset_restart(spec)
+    pod_template = pod.template(
+        context,
+        container=TRAINER_NODE,
+        carries=("image", "command", "ports"),
+        ports=pod.metrics_ports(spec),  # the torch plugin adds the master port itself
+        restart_policy=restart_policy,
+    )
+    pod.main_container(pod_template, TRAINER_NODE).pop("resources", None)  # in trainer.resourcesPerNode
+    jobset: dict[str, Any] = {
+        "replicatedJobs": [
+            {
+                "name": TRAINER_NODE,
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": {LABEL_TRAINJOB_ANCESTOR: TRAINJOB_ANCESTOR_TRAINER}},
+                    "spec": {**job_rules, "template": pod_template},
+                },
+            }
+        ]
+    }
+    if failure_policy is not None:
+        jobset["failurePolicy"] = failure_policy
+    runtime: dict[str, Any] = {"mlPolicy": {"numNodes": spec.nodes, "torch": {}}}
+    gang = scheduling.gang_scheduler(spec)
+    if gang is not None:
+        runtime["podGroupPolicy"] = {gang: {}}
+    template: dict[str, Any] = {"spec": jobset}
+    if gang == "volcano" and spec.scheduling.queue:
+        # Trainer v2's volcano plugin reads the PodGroup's queue from the JobSet template's annotations.
+        template["metadata"] = {"annotations": {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}}
+    runtime["template"] = template
+    return runtime
+
+
+def _runtime_patch(context: dict[str, Any]) -> dict[str, Any]:
+    """runtimePatches entry for a ClusterTrainingRuntime (`runtime: NAME`): the pod fields the TrainJob CRD
+    lets a patch set. Image, command, env and resources travel in spec.trainer; what a patch cannot carry
+    was refused by `spec_problem`."""
+    pod_template = pod.template(context, container=TRAINER_NODE, carries=(), grace=False)
+    replicated_job = {"name": TRAINER_NODE, "template": {"spec": {"template": pod_template}}}
+    return {
+        "manager": RUNTIME_PATCH_MANAGER,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated_job]}}},
+    }
+
+
+def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """(pod restartPolicy, batch Job fields, JobSet failurePolicy) for restart.policy.
+
+    job: a failed pod fails its Job at once (Never, backoffLimit 0) and JobSet's failurePolicy recreates
+    every Job of the JobSet, so all pods restart together, at most max_restarts times.
+    on-failure: the kubelet restarts the failed container in place; backoffLimit bounds the Job.
+    exit-code: the v1 ExitCode policy as a podFailurePolicy: exit codes 1-127 fail the Job at once, others
+    (signals, OOM kills) count against backoffLimit and get a new pod.
+    never: one failure fails the job."""
+    policy = spec.restart.policy
+    if policy == "job":
+        return "Never", {"backoffLimit": 0}, {"maxRestarts": spec.restart.max_restarts}
+    if policy == "exit-code":
+        rules = [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": TRAINER_NODE,
+                    "operator": "In",
+                    "values": EXIT_CODES_PERMANENT,
+                },
+            }
+        ]
+        return (
+            "Never",
+            {"backoffLimit": spec.restart.backoff_limit, "podFailurePolicy": {"rules": rules}},
+            None,
+        )
+    if policy == "never":
+        return "Never", {"backoffLimit": 0}, None
+    return "OnFailure", {"backoffLimit": spec.restart.backoff_limit}, None

@@ -1,0 +1,61 @@
+"""The Jinja2 templates in manifests/, filled and parsed: `render_template(name, context) -> dict`.
+
+Every value a template places goes through `tojson` (here `yaml_scalar`): a JSON scalar or flow collection
+is valid YAML, so nothing a user writes can change a manifest's structure. Imports jinja2 and yaml only
+when a template is rendered.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jinja2
+
+# Characters PyYAML's reader refuses anywhere in a stream, plus the ones YAML 1.1 reads as line breaks
+# (they would be folded inside a quoted scalar). JSON leaves them raw with ensure_ascii=False.
+_YAML_UNSAFE = re.compile(
+    "[^\x09\x0a\x0d\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+)
+
+
+def yaml_scalar(value: Any) -> str:
+    """`value` as JSON that any YAML parser reads back unchanged (the templates' `tojson` filter).
+
+    Unlike Jinja's own `tojson` (HTML escaping, astral characters as surrogate pairs that PyYAML cannot
+    rejoin), this keeps text as is and escapes only what a YAML reader would reject or fold.
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    import importlib.resources
+
+    import jinja2
+
+    templates = importlib.resources.files("orchestrator.manifests")
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: templates.joinpath(name).read_text(encoding="utf-8")),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["tojson"] = yaml_scalar
+    return env
+
+
+def render_template(template: str, context: dict[str, Any]) -> dict[str, Any]:
+    """One manifest: the template `template` (a file in manifests/) filled from `context`, parsed."""
+    import yaml
+
+    text = _environment().get_template(template).render(context)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    parsed: dict[str, Any] = yaml.load(text, Loader=loader)
+    return parsed

@@ -1,0 +1,115 @@
+"""The package's layers (docs/decisions.md, "What lives where"): no import circles, and the trainer below
+nothing but its launchers.
+
+Every import counts, wherever it is written (module level, inside a function, under TYPE_CHECKING): a lazy
+import is still a dependency, only a cheaper one. An import names the module it reaches (`from orchestrator
+import spec` -> orchestrator.spec; `from orchestrator.cluster.client import Cluster` ->
+orchestrator.cluster.client), like import-linter does.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
+# Modules that may import orchestrator.trainer: the trainer itself, and `orch run`'s launcher.
+TRAINER_USERS = ("orchestrator.trainer", "orchestrator.local")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(path: Path) -> set[str]:
+    """The orchestrator modules `path` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in MODULES else node.module)
+    return {name for name in found if name in MODULES}
+
+
+GRAPH = {name: imported(path) - {name} for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    assert cycles(GRAPH) == []
+
+
+def test_only_the_trainer_and_its_local_launcher_import_the_trainer():
+    importers = {
+        name
+        for name, targets in GRAPH.items()
+        if not name.startswith(TRAINER_USERS) and any(t.startswith("orchestrator.trainer") for t in targets)
+    }
+    assert importers == set()
+
+
+def test_the_checker_sees_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_list_of_apis_comes_from_the_registry():
+    """`api:`, `--api` (render and submit) and the API objects all say what apis/registry.py says."""
+    from orchestrator import apis, spec
+    from orchestrator.commands import cluster_cmds, spec_cmds
+
+    assert spec.JobSpec.model_fields["api"].annotation.__args__ == apis.CHOICES
+    for command in (spec_cmds.render, cluster_cmds.submit):
+        option = next(p for p in command.params if p.name == "api")
+        assert tuple(option.type.choices) == apis.CHOICES
+    assert [api.key for api in apis.all_apis()] == list(apis.KEYS)
+
+
+def test_no_module_outside_apis_names_an_api():
+    """What differs between APIs lives in their modules: no other module compares against an API's key."""
+    keys = "|".join(__import__("orchestrator.apis.registry").apis.registry.KEYS)
+    pattern = re.compile(rf"""[=!]=\s*["']({keys})["']|["']({keys})["']\s*(in\b|[=!]=)""")
+    offenders = {
+        name
+        for name, path in MODULES.items()
+        if not name.startswith("orchestrator.apis") and pattern.search(path.read_text(encoding="utf-8"))
+    }
+    assert offenders == set()
