@@ -58,7 +58,7 @@ ENV_IMAGE = "ORCH_IMAGE"
 ENV_NAMESPACE = "ORCH_NAMESPACE"  # in pods: the downward API's metadata.namespace
 ENV_API_KIND = "ORCH_API_KIND"
 ENV_GIT_COMMIT = "ORCH_GIT_COMMIT"
-PIP_LINE = "pip install 'orchestrator[tracking]'"
+PIP_LINE = "pip install 'orch-trainer[tracking]'"
 # What each sink imports, and the distribution that provides it (mlflow-skinny is enough for the client).
 REQUIREMENTS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
 # What the shell of `orch run` may override (e.g. the URI of this environment's server).
