@@ -320,6 +320,8 @@ def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
                 f"pod_overrides.{key}",
                 f"{why} (runtimePatches may set {', '.join(RUNTIME_PATCH_POD_FIELDS)})",
             )
+        if problem := _runtime_container_problem(spec.runtime or "", key, value):
+            return problem
         if key == "containers" and isinstance(value, list):
             for container in value:
                 extra = (
@@ -330,6 +332,30 @@ def _runtime_patch_problem(spec: JobSpec) -> tuple[str, str] | None:
                 if extra:
                     return f"pod_overrides.containers.{extra[0]}", f"{why} (a container patch may set name, "
                     "volumeMounts and securityContext)"
+    return None
+
+
+def _runtime_container_problem(runtime: str, key: str, value: Any) -> tuple[str, str] | None:
+    """Trainer's webhook refuses a runtime patch naming an initContainer or a container that the runtime's
+    job does not have (pkg/runtime/framework/plugins/jobset/jobset.go Validate: "must not have
+    initContainer/container that doesn't exist in the runtime job"). A ClusterTrainingRuntime is not read at
+    validate time, so only what every runtime orch supports has may be patched: the main container."""
+    if key == "initContainers" and value:
+        return (
+            "pod_overrides.initContainers",
+            f"a runtime patch can only change init containers the ClusterTrainingRuntime {runtime!r} already "
+            "has, which orch cannot know; add it to the runtime, or drop runtime: to let orch render one",
+        )
+    if key == "containers" and isinstance(value, list):
+        for index, container in enumerate(value):
+            name = container.get("name") if isinstance(container, dict) else None
+            if name not in (naming.CONTAINER_NAME, naming.TRAINJOB_CONTAINER_NAME):
+                return (
+                    "pod_overrides.containers",
+                    f"[{index}] {name!r} is not the runtime's training container: a runtime patch can only "
+                    f"change containers the ClusterTrainingRuntime {runtime!r} has; patch "
+                    f"{naming.CONTAINER_NAME} or {naming.TRAINJOB_CONTAINER_NAME}, or drop runtime: to add them",
+                )
     return None
 
 

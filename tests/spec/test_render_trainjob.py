@@ -423,3 +423,40 @@ def test_a_named_runtime_gets_its_metrics_scraped_by_port_number(tmp_path):
     assert env["ORCH_METRICS_PORT"] == "9555"
     patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert patch["template"]["spec"]["template"]["metadata"]["labels"][naming.LABEL_JOB] == "demo"
+
+
+RUNTIME = BASE + "api: trainjob\nruntime: torch-distributed\nmetrics: {enabled: false}\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ("{initContainers: [{name: warm, image: busybox}]}", "pod_overrides.initContainers"),
+        ("{containers: [{name: sidecar, image: busybox}]}", "pod_overrides.containers: [0] 'sidecar'"),
+        (
+            "{containers: [{name: pytorch}, {name: proxy, volumeMounts: []}]}",
+            "pod_overrides.containers: [1] 'proxy'",
+        ),
+    ],
+)
+def test_runtime_patches_the_webhook_refuses_are_refused_at_validate(tmp_path, overrides, field):
+    """Trainer's webhook (pkg/runtime/framework/plugins/jobset/jobset.go Validate, played by
+    manifest_checks.trainer_webhook_errors) refuses a runtime patch with an initContainer or a container that
+    the runtime's job does not have; a ClusterTrainingRuntime's containers are not known at validate time, so
+    only the main container may be patched (pytorch/node, with what ContainerPatch has)."""
+    job = tmp_path / "job.yaml"
+    job.write_text(RUNTIME + f"pod_overrides: {overrides}\n")
+    for command in ("validate", "render"):
+        result = orch(command, str(job))
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert result.stderr.startswith(f"error: {job}:7:") and f": {field}" in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
+
+
+def test_a_patch_of_the_main_container_the_webhook_takes_still_renders(tmp_path):
+    text = (
+        RUNTIME + "pod_overrides: {containers: [{name: pytorch, volumeMounts: [{name: x, mountPath: /x}]}],"
+    )
+    text += " volumes: [{name: x, emptyDir: {}}]}\n"
+    found = objects(tmp_path, text)
+    assert objects_errors(list(found.values())) == []
