@@ -347,14 +347,17 @@ def _runtime_container_problem(runtime: str, key: str, value: Any) -> tuple[str,
             "has, which orch cannot know; add it to the runtime, or drop runtime: to let orch render one",
         )
     if key == "containers" and isinstance(value, list):
+        from orchestrator.apis import all_apis  # the registry imports this module
+
+        main = [api.container for api in all_apis()]  # pod_overrides' names of the main container
         for index, container in enumerate(value):
             name = container.get("name") if isinstance(container, dict) else None
-            if name not in (naming.CONTAINER_NAME, naming.TRAINJOB_CONTAINER_NAME):
+            if name not in main:
                 return (
                     "pod_overrides.containers",
                     f"[{index}] {name!r} is not the runtime's training container: a runtime patch can only "
                     f"change containers the ClusterTrainingRuntime {runtime!r} has; patch "
-                    f"{naming.CONTAINER_NAME} or {naming.TRAINJOB_CONTAINER_NAME}, or drop runtime: to add them",
+                    f"{' or '.join(main)}, or drop runtime: to add them",
                 )
     return None
 
