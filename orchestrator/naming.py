@@ -24,6 +24,7 @@ MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 # Kueue admits a job into the LocalQueue named by this label (on the PyTorchJob itself).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of a queued job (label on the job object).
+LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # on the Workload Kueue makes for a job (its uid)
 LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
 # Kueue topology-aware scheduling: annotations on pod templates naming the node label of a topology level.
 ANNOTATION_KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"

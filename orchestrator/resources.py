@@ -28,6 +28,13 @@ NODE = Resource("", "v1", "nodes", "Node")
 VERSION = Resource("", "", "version", "Version")
 JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")  # what Kubeflow Trainer v2 runs on
 KUEUE_GROUP = "kueue.x-k8s.io"
+# Why a queued job waits: its Workload (Kueue v0.16+ serves v1beta2, v0.14-v0.15 v1beta1 only), and its
+# LocalQueue's pending count. Newest first: orch reads the first version the cluster serves.
+KUEUE_WORKLOADS = tuple(Resource(KUEUE_GROUP, v, "workloads", "Workload") for v in ("v1beta2", "v1beta1"))
+KUEUE_LOCAL_QUEUES = tuple(
+    Resource(KUEUE_GROUP, v, "localqueues", "LocalQueue") for v in ("v1beta2", "v1beta1")
+)
+VOLCANO_PODGROUP = Resource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
 PODMONITOR = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 SELF_SUBJECT_ACCESS_REVIEW = Resource(
     "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview"

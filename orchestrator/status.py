@@ -77,6 +77,9 @@ class JobStatus:
         default_factory=dict
     )  # {"mlflow": ..., "tensorboard": ...} (render's annotation)
     output_url: str = ""  # output.url: the object store that keeps the checkpoints (render's annotation)
+    waiting: dict[str, Any] = field(
+        default_factory=dict
+    )  # what its queue says (kueue_waiting, podgroup_waiting)
 
     @property
     def finished(self) -> bool:
@@ -114,13 +117,15 @@ def job_status(
     job: Any,
     pods: Sequence[Any] = (),
     events: Sequence[Any] = (),
+    *,
+    waiting: dict[str, Any] | None = None,
 ) -> JobStatus:
-    condition = api.phase_condition(job)
+    condition = api.phase_condition(job, pods)
     return JobStatus(
         name=text(dig(job, "metadata", "name")),
         namespace=text(dig(job, "metadata", "namespace")),
         kind=api.resource.kind,
-        phase=api.phase(job),
+        phase=api.phase(job, pods),
         reason=text(condition.get("reason")),
         message=text(condition.get("message")),
         replicas={role: ReplicaStatus(**counts) for role, counts in api.replicas(job).items()},
@@ -132,7 +137,82 @@ def job_status(
         events=[event_summary(e) for e in warning_events(events)],
         tracking=tracking_record.describe(dig(job, "metadata", "annotations")),
         output_url=text(dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
+        waiting=waiting or {},
     )
+
+
+# --- why a job waits: its queue (Kueue) or gang scheduler (Volcano) ----------------------------------------
+
+KUEUE_CONDITIONS = (
+    "QuotaReserved",
+    "Admitted",
+    "Evicted",
+    "Preempted",
+)  # apis/kueue/v1beta2/workload_types.go
+
+
+def kueue_waiting(queue: str, workloads: Sequence[Any], local_queue: Any) -> dict[str, Any]:
+    """What Kueue says about a job in LocalQueue `queue`: its Workload's conditions (QuotaReserved=False with
+    the scheduler's message, e.g. "couldn't assign flavors to pod set node: insufficient unused quota for
+    nvidia.com/gpu in flavor a100, 8 more needed"), whether it is admitted, its ClusterQueue once quota is
+    reserved, and how many workloads wait in the LocalQueue (status.pendingWorkloads)."""
+    workload = next((w for w in workloads if isinstance(w, dict)), {})
+    conditions = [condition_summary(c) for c in objects(dig(workload, "status", "conditions"))]
+    admitted = any(c["type"] == "Admitted" and c["status"] == "True" for c in conditions)
+    pending = dig(local_queue, "status", "pendingWorkloads")
+    return {
+        "scheduler": "Kueue",
+        "queue": queue,
+        "workload": text(dig(workload, "metadata", "name")),
+        "admitted": admitted,
+        "cluster_queue": text(dig(workload, "status", "admission", "clusterQueue")),
+        "pending_in_queue": to_int(pending) if pending is not None else None,
+        "conditions": [c for c in conditions if c["type"] in KUEUE_CONDITIONS],
+    }
+
+
+def podgroup_waiting(podgroup: Any) -> dict[str, Any]:
+    """What Volcano says about a job's PodGroup: its phase (Pending, Inqueue, Running) and conditions, e.g.
+    Unschedulable=True NotEnoughResources "2/4 tasks in gang unschedulable: pod group is not ready, 2
+    Pending, 4 minAvailable" (volcano pkg/scheduler/cache/cache.go RecordJobStatusEvent)."""
+    return {
+        "scheduler": "Volcano",
+        "podgroup": text(dig(podgroup, "metadata", "name")),
+        "queue": text(dig(podgroup, "spec", "queue")),
+        "phase": text(dig(podgroup, "status", "phase")),
+        "conditions": [condition_summary(c) for c in objects(dig(podgroup, "status", "conditions"))],
+    }
+
+
+def condition_summary(condition: dict[str, Any]) -> dict[str, str]:
+    return {key: text(condition.get(key)) for key in ("type", "status", "reason", "message")}
+
+
+def format_waiting(waiting: dict[str, Any]) -> list[str]:
+    """The "Queue:" lines of `orch status`."""
+    if not waiting:
+        return []
+    if waiting["scheduler"] == "Kueue":
+        where = f"Kueue LocalQueue {waiting['queue']}"
+        if waiting["workload"]:
+            where += f", Workload {waiting['workload']}: " + (
+                "admitted" if waiting["admitted"] else "not admitted"
+            )
+            if waiting["cluster_queue"]:
+                where += f" (ClusterQueue {waiting['cluster_queue']})"
+        else:
+            where += ": no Workload yet (is Kueue's integration for this kind enabled?)"
+        if waiting["pending_in_queue"] is not None:
+            where += f"; {waiting['pending_in_queue']} workload(s) pending in the queue"
+    else:
+        where = f"Volcano PodGroup {waiting['podgroup']}: {waiting['phase'] or 'no phase yet'}"
+        if waiting["queue"]:
+            where += f" (queue {waiting['queue']})"
+    lines = [f"Queue:       {where}"]
+    for c in waiting["conditions"]:
+        because = f" {c['reason']}" if c["reason"] else ""
+        lines.append(f"  {c['type']}={c['status']}{because}" + (f": {c['message']}" if c["message"] else ""))
+    return lines
 
 
 def container_status(pod: Any, container: str) -> dict[str, Any]:
@@ -188,6 +268,11 @@ def restart_count(pod: Any, container: str) -> int:
 
 def container_running(pod: Any, container: str) -> bool:
     return bool(dig(container_status(pod, container), "state", "running"))
+
+
+def container_waiting_reason(pod: Any, container: str) -> str:
+    """Why the container waits (CrashLoopBackOff, ImagePullBackOff, ...); "" when it does not."""
+    return text(dig(container_status(pod, container), "state", "waiting", "reason"))
 
 
 def warning_events(events: Sequence[Any]) -> list[dict[str, Any]]:
@@ -280,6 +365,7 @@ def format_status(status: JobStatus) -> str:
         lines.append(f"Message:     {status.message}")
     lines += [f"Started:     {status.start_time or '-'}", f"Completed:   {status.completion_time or '-'}"]
     lines.append(f"Restarts:    {status.restarts}")
+    lines += format_waiting(status.waiting)
     lines += [f"Tracking:    {sink} {where}" for sink, where in status.tracking.items()]
     if status.output_url:
         lines.append(f"Output:      {status.output_url} (checkpoints, model.pt, summary.json)")

@@ -9,6 +9,7 @@ it renders) or of the objects the cluster returned (phase, replicas, pods); the 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.resources import Resource
@@ -68,11 +69,12 @@ class JobAPI(Protocol):
         """Label selector of the job's pods, with the labels its controller puts on them."""
         ...
 
-    def phase(self, job: dict[str, Any]) -> str:
-        """orch's phase of the job (status.PHASES), from the API's own conditions."""
+    def phase(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> str:
+        """orch's phase of the job (status.PHASES), from the API's own conditions (and its pods, where the
+        API's conditions do not say enough and they were read)."""
         ...
 
-    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+    def phase_condition(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> dict[str, Any]:
         """The condition that decided the phase (its reason and message explain it); {} if none."""
         ...
 

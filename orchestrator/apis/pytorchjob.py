@@ -17,6 +17,7 @@ is the highest-precedence condition whose status is "True" (see `PHASE_PRECEDENC
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
@@ -42,6 +43,8 @@ LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 CLEAN_POD_POLICY = "Running"  # on finish, delete pods still running (frees GPUs); keep finished ones for logs
 # job: OnFailure, so a pod whose agent gave up (or that was killed) comes back and rejoins the rendezvous.
 RESTART_POLICIES = {"job": "OnFailure", "on-failure": "OnFailure", "exit-code": "ExitCode", "never": "Never"}
+
+MAX_SORTED_WORKERS = 100_000  # node_rank sorts the Worker names; more replicas than this is a malformed spec
 
 # Highest first. Once Failed=True the operator stops updating conditions, so it wins over everything.
 PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
@@ -92,7 +95,7 @@ class PyTorchJobAPI:
 
     def warnings(self, spec: JobSpec) -> list[str]:
         found = []
-        if spec.restart.policy == "exit-code" and spec.output is None:
+        if spec.restart.policy == "exit-code" and (spec.output is None or spec.output.pvc is None):
             found.append(
                 "restart.policy exit-code on a PyTorchJob: the v1 operator recreates a pod that exits >= 128 "
                 f"without limit; orch's launcher counts the starts in {naming.OUTPUT_DIR}, an emptyDir that "
@@ -114,10 +117,10 @@ class PyTorchJobAPI:
     def pod_selector(self, name: str) -> str:
         return f"{LABEL_OPERATOR_JOB_NAME}={name}"
 
-    def phase(self, job: dict[str, Any]) -> str:
+    def phase(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> str:
         return status.phase_by_precedence(job, PHASE_PRECEDENCE)
 
-    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+    def phase_condition(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> dict[str, Any]:
         return status.true_condition(job, self.phase(job))
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -131,8 +134,20 @@ class PyTorchJobAPI:
         return role, status.to_int(status.dig(labels, LABEL_REPLICA_INDEX))
 
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
-        has_master = status.dig(job, "spec", "pytorchReplicaSpecs", "Master") is not None
-        return 0 if role == "master" else index + (1 if has_master else 0)
+        """Master + Workers (static rendezvous): the operator's PET_NODE_RANK, master 0 and worker i i+1.
+
+        Workers only (elastic jobs, restart.policy job): the c10d rendezvous numbers the nodes by their
+        sorted addresses, each agent's FQDN, which starts with its pod name NAME-worker-I
+        (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py: `enumerate(sorted(state.participants))`),
+        so worker-10 is rank 2 of 12. This assumes every Worker replica joined the round (min = max, as
+        restart.policy job renders it); with fewer, ranks follow the sorted names of those that did."""
+        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        if status.dig(replica_specs, "Master") is not None:
+            return 0 if role == "master" else index + 1
+        workers = status.to_int(status.dig(replica_specs, "Worker", "replicas"))
+        if not 0 <= index < workers <= MAX_SORTED_WORKERS:
+            return index  # not a replica of the spec (or a spec no cluster runs): nothing to sort
+        return sorted(range(workers), key=str).index(index)  # NAME-worker-I sorts as str(I) does
 
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """Master + Worker replicas, and the `pytorch` container's GPUs."""

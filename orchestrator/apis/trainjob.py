@@ -13,9 +13,11 @@ The trainer controller turns a TrainJob plus its runtime (a TrainingRuntime orch
 ClusterTrainingRuntime named by `runtime:`) into a JobSet of the same name; JobSet creates one Job per
 replicated job and the Job the pods. Facts read from the source (kubeflow/trainer pkg/apis/trainer/v1alpha1,
 pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
-- conditions: Created (reason JobsCreationSucceeded / JobsBuildFailed / JobsCreationFailed), Suspended,
-  Complete, Failed. There is no Running condition: running is read from `status.jobsStatus` (per replicated
-  job: ready / active / succeeded / failed child Jobs), copied from the JobSet.
+- conditions: Suspended, Complete, Failed, in every release (pkg/apis/trainer/v1alpha1/trainjob_types.go);
+  Complete and Failed are the JobSet's own, copied with their reason and message (pkg/runtime/framework/
+  plugins/jobset/jobset.go `Status`). There is no Created or Running condition: progress is read from
+  `status.jobsStatus`, the JobSet's replicatedJobsStatus, counted in child Jobs (ready: every pod of that
+  Job ready; active: a pod running or pending; failed: the Job failed), and from the pods.
 - the training pods belong to the replicated job "node" and their container is named "node"; the torch plugin
   injects PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK (the Job completion index) / PET_MASTER_ADDR /
   PET_MASTER_PORT into it.
@@ -27,6 +29,7 @@ pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
@@ -225,20 +228,48 @@ class TrainJobAPI:
     def pod_selector(self, name: str) -> str:
         return f"{LABEL_JOBSET_NAME}={name},{LABEL_REPLICATED_JOB}={TRAINER_NODE}"
 
-    def phase(self, job: dict[str, Any]) -> str:
-        decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
-        if decided != status.PENDING:
-            return ORCH_PHASE.get(decided, decided)
-        children = status.objects(status.dig(job, "status", "jobsStatus"))
-        if any(status.to_int(c.get("ready")) > 0 for c in children):
-            return "Running"
-        if status.true_condition(job, "Created") or children:
-            return "Created"
-        return status.PENDING
+    def phase(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> str:
+        return self.phase_condition(job, pods).get("type") or status.UNKNOWN
 
-    def phase_condition(self, job: dict[str, Any]) -> dict[str, Any]:
+    def phase_condition(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> dict[str, Any]:
+        """{type (orch's phase), reason, message}: a True Failed/Complete/Suspended condition as it is;
+        otherwise derived from jobsStatus and, where given, the pods (a job with a crash-looping pod or a
+        failed child Job is Restarting, one whose pods are not all ready yet is Pending, saying how many
+        run)."""
         decided = status.phase_by_precedence(job, PHASE_PRECEDENCE)
-        return status.true_condition(job, decided if decided != status.PENDING else "Created")
+        if decided == status.UNKNOWN:
+            return {"type": status.UNKNOWN}
+        if decided != status.PENDING:
+            return {**status.true_condition(job, decided), "type": ORCH_PHASE.get(decided, decided)}
+        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        total = {
+            key: sum(status.to_int(c.get(key)) for c in children) for key in ("ready", "active", "failed")
+        }
+        attempt = self.restarts(job, list(pods))
+        running = [p for p in pods if status.container_running(p, self.container)]
+        crashing = [
+            p for p in pods if status.container_waiting_reason(p, self.container) == "CrashLoopBackOff"
+        ]
+        if total["failed"]:
+            failed = ", ".join(status.text(c.get("name")) for c in children if status.to_int(c.get("failed")))
+            return condition(
+                "Restarting", "JobFailed", f"child Job {failed} failed; JobSet is recreating every pod"
+            )
+        if crashing:
+            crashed = crashing[0]
+            restarts = status.restart_count(crashed, self.container)
+            name = status.text(status.dig(crashed, "metadata", "name"))
+            return condition("Restarting", "CrashLoopBackOff", f"pod {name} restarted {restarts} times")
+        after = f" (after {attempt} whole-job restart{'s' * (attempt != 1)})" if attempt else ""
+        if total["ready"]:
+            return condition("Running", "JobsReady", f"every pod ready{after}")
+        if pods:
+            reason = "Restarting" if attempt else "PodsStarting"
+            phase = "Restarting" if attempt else status.PENDING
+            return condition(phase, reason, f"{len(running)} of {len(pods)} pods running{after}")
+        if total["active"]:
+            return condition(status.PENDING, "PodsStarting", "pods created, not all ready")
+        return condition(status.PENDING, "", "")
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
         """Per replicated job, its child Jobs (not pods: that is what the TrainJob counts)."""
@@ -284,6 +315,10 @@ class TrainJobAPI:
             (status.to_int(status.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
             default=0,
         )  # fmt: skip
+
+
+def condition(phase: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": phase, "reason": reason, "message": message}
 
 
 API = TrainJobAPI()
@@ -453,20 +488,45 @@ def _runtime_patch(context: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# A pod that was preempted, evicted, drained or lost with its node carries this condition (the scheduler's
+# preemption, the Eviction API, the taint manager and PodGC set it; Kubernetes >= 1.26, GA in 1.31).
+DISRUPTED_POD = {"type": "DisruptionTarget", "status": "True"}
+# batch/v1's Failed reason for a Job that a podFailurePolicy FailJob rule failed (JobReasonPodFailurePolicy).
+JOB_FAILED_BY_POD_FAILURE_POLICY = "PodFailurePolicy"
+
+
 def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
     """(pod restartPolicy, batch Job fields, JobSet failurePolicy) for restart.policy.
 
     job: a failed pod fails its Job at once (Never, backoffLimit 0) and JobSet's failurePolicy recreates
-    every Job of the JobSet, so all pods restart together, at most max_restarts times.
-    on-failure: the kubelet restarts the failed container in place; backoffLimit bounds the Job.
-    exit-code: the v1 ExitCode policy as a podFailurePolicy: exit codes 1-127 fail the Job at once, others
-    (signals, OOM kills) count against backoffLimit and get a new pod.
-    never: one failure fails the job."""
+    every Job of the JobSet, so all pods restart together, at most max_restarts times. A disrupted pod
+    (preemption, eviction) fails its Job through the podFailurePolicy instead (reason PodFailurePolicy), and
+    JobSet's rule for that reason restarts without counting (RestartJobSetAndIgnoreMaxRestarts): preemption
+    does not spend max_restarts. Any other failure has reason BackoffLimitExceeded and gets JobSet's
+    default action, RestartJobSet, which counts (jobset pkg/controllers/failure_policy.go).
+    on-failure: the kubelet restarts the failed container in place; backoffLimit bounds the Job (a
+    podFailurePolicy needs restartPolicy Never, so a disrupted pod counts here).
+    exit-code: the v1 ExitCode policy as a podFailurePolicy: a disrupted pod is replaced without counting
+    (Ignore), exit codes 1-127 fail the Job at once and JobSet fails with it (FailJobSet: a permanent
+    failure), others (signals, OOM kills, the pod's SIGTERM) count against backoffLimit and get a new pod.
+    never: one failure fails the job.
+    Every Trainer v2 release carries these fields (its JobSet: v0.8 in v2.0 .. v0.12 in v2.3)."""
     policy = spec.restart.policy
     if policy == "job":
-        return "Never", {"backoffLimit": 0}, {"maxRestarts": spec.restart.max_restarts}
+        disruption_fails_the_job = [{"action": "FailJob", "onPodConditions": [DISRUPTED_POD]}]
+        restart_uncounted = {
+            "name": "Disruption",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": [JOB_FAILED_BY_POD_FAILURE_POLICY],
+        }
+        return (
+            "Never",
+            {"backoffLimit": 0, "podFailurePolicy": {"rules": disruption_fails_the_job}},
+            {"maxRestarts": spec.restart.max_restarts, "rules": [restart_uncounted]},
+        )
     if policy == "exit-code":
         rules = [
+            {"action": "Ignore", "onPodConditions": [DISRUPTED_POD]},
             {
                 "action": "FailJob",
                 "onExitCodes": {
@@ -474,12 +534,17 @@ def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] 
                     "operator": "In",
                     "values": EXIT_CODES_PERMANENT,
                 },
-            }
+            },
         ]
+        permanent = {
+            "name": "ProgramError",
+            "action": "FailJobSet",
+            "onJobFailureReasons": [JOB_FAILED_BY_POD_FAILURE_POLICY],
+        }
         return (
             "Never",
             {"backoffLimit": spec.restart.backoff_limit, "podFailurePolicy": {"rules": rules}},
-            None,
+            {"rules": [permanent]},
         )
     if policy == "never":
         return "Never", {"backoffLimit": 0}, None

@@ -11,7 +11,14 @@ from orchestrator import naming, status
 from orchestrator.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
-from orchestrator.resources import EVENT, POD
+from orchestrator.resources import (
+    EVENT,
+    KUEUE_LOCAL_QUEUES,
+    KUEUE_WORKLOADS,
+    POD,
+    VOLCANO_PODGROUP,
+    Resource,
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,52 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     pods = job_pods(cluster, job)
     mine = job.api.related_names(job.obj, pods)
     events = [e for e in cluster.list(EVENT) if status.text(status.dig(e, "involvedObject", "name")) in mine]
-    return status.job_status(job.api, job.obj, pods, events)
+    waiting = why_waiting(cluster, job, pods) if job.api.phase(job.obj, pods) not in status.FINISHED else {}
+    return status.job_status(job.api, job.obj, pods, events, waiting=waiting)
+
+
+def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the job's queue or gang scheduler says about it: Kueue's Workload (found by the label
+    kueue.x-k8s.io/job-uid Kueue puts on it, pkg/controller/constants) and LocalQueue for a job with a queue
+    label; Volcano's PodGroup (named like the job by the v1 operator and Trainer v2's volcano plugin) for a
+    job whose pods Volcano schedules. {} when there is none, or the user may not read it."""
+    queue = status.text(status.dig(job.obj, "metadata", "labels", naming.LABEL_KUEUE_QUEUE))
+    if queue:
+        uid = status.text(status.dig(job.obj, "metadata", "uid"))
+        workloads = _readable(
+            lambda r: cluster.list(r, selector=f"{naming.LABEL_KUEUE_JOB_UID}={uid}"), KUEUE_WORKLOADS
+        )
+        local_queue = _readable(lambda r: [cluster.get(r, queue)], KUEUE_LOCAL_QUEUES) or [{}]
+        return status.kueue_waiting(queue, workloads or [], local_queue[0])
+    volcano_pods = any(status.dig(p, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for p in pods)
+    if volcano_pods or _volcano_job(job):
+        podgroup = _readable(lambda r: [cluster.get(r, job.name)], (VOLCANO_PODGROUP,))
+        return status.podgroup_waiting(podgroup[0]) if podgroup else {}
+    return {}
+
+
+def _volcano_job(job: Job) -> bool:
+    """A PyTorchJob whose pod templates name Volcano (its pods may not exist yet)."""
+    replicas = status.dig(job.obj, "spec", "pytorchReplicaSpecs")
+    templates = replicas.values() if isinstance(replicas, dict) else []
+    return any(
+        status.dig(r, "template", "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for r in templates
+    )
+
+
+def _readable(
+    read: Callable[[Resource], list[dict[str, Any]]], versions: tuple[Resource, ...]
+) -> list[dict[str, Any]] | None:
+    """The answer of the first of `versions` the cluster serves; None when none is served or the user may not
+    read it (a Role without Kueue's or Volcano's kinds: the status is still shown)."""
+    for resource in versions:
+        try:
+            return read(resource)
+        except NotFound:
+            continue
+        except Forbidden:
+            return None
+    return None
 
 
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:

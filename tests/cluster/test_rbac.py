@@ -44,7 +44,7 @@ def rbac_rules() -> set[tuple[str, str, str]]:
 def both(tmp_path):
     """A cluster that serves both job APIs, to a user bound to manifests/rbac.yaml's Role (and nothing else:
     the emulator refuses every other call with the authorizer's 403)."""
-    with serve(operator=True, trainer=True) as kube:
+    with serve(operator=True, trainer=True, kueue="v1beta2", volcano=True) as kube:
         kube.enforce_role(rbac_rules())
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, contexts={"dev": NS}, current="dev")
         yield Env(kube, kubeconfig, tmp_path, {"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), **FAST})
@@ -120,9 +120,23 @@ def trainjob_life(env: Env, job_file: Path) -> None:
     kube.clear_faults()
 
 
+def waiting_life(env: Env, job_file: Path) -> None:
+    """`orch status` of jobs that wait: a Kueue-queued one (Workload, LocalQueue), a Volcano gang (PodGroup)."""
+    for api, scheduling in (
+        ("pytorchjob", "scheduling.queue=q"),
+        ("trainjob", "scheduling.scheduler=volcano"),
+    ):
+        ok(env, "submit", str(job_file), "--api", api, "--set", scheduling)
+        if api == "trainjob":
+            TrainerV2(env.kube, NS, "demo").start(running=False)
+        ok(env, "status", "demo")
+        ok(env, "delete", "demo", "--wait")
+
+
 def test_every_command_of_both_apis_runs_under_the_role_and_the_role_grants_nothing_more(both, job_file):
     pytorchjob_life(both, job_file)
     trainjob_life(both, job_file)
+    waiting_life(both, job_file)
     used = {a for a in map(rbac_attributes, both.kube.requests()) if a is not None}
     granted = rbac_rules()
     assert used - granted == set()  # (the emulator refused those: a command above would have failed)

@@ -102,11 +102,7 @@ def test_status_list_logs_wait_delete_follow_a_trainjob_to_the_end(v2, job_file)
         "message": "jobset restarting", "involvedObject": {"kind": "JobSet", "name": "demo"},
     })  # fmt: skip
     state = json.loads(v2.orch("status", "demo", "-o", "json").stdout)
-    assert (state["kind"], state["phase"], state["reason"]) == (
-        "TrainJob",
-        "Running",
-        "JobsCreationSucceeded",
-    )
+    assert (state["kind"], state["phase"], state["reason"]) == ("TrainJob", "Running", "JobsReady")
     assert state["replicas"] == {"node": {"active": 1, "succeeded": 0, "failed": 0}}
     assert [(p["name"], p["role"], p["index"], p["phase"]) for p in state["pods"]] == [
         (node0, "node", 0, "Running"), (node1, "node", 1, "Running"), (node2, "node", 2, "Running"),
@@ -116,7 +112,7 @@ def test_status_list_logs_wait_delete_follow_a_trainjob_to_the_end(v2, job_file)
     ]  # fmt: skip
     assert state["restarts"] == 0
     table = v2.orch("status", "demo").stdout
-    assert "Kind:        TrainJob" in table and "Phase:       Running (JobsCreationSucceeded)" in table
+    assert "Kind:        TrainJob" in table and "Phase:       Running (JobsReady)" in table
 
     header, row = v2.orch("list").stdout.splitlines()
     assert header.split() == ["NAME", "KIND", "PHASE", "AGE", "NODES", "x", "GPUS"]
@@ -174,7 +170,7 @@ def test_jobset_restart_is_followed_by_logs_and_counted_by_status(v2, tmp_path):
                         "train: {task: digits, batch_size: 96, max_steps: 10}\n")  # fmt: skip
     submit(v2, job_file)
     runtime = kube.get(TRAININGRUNTIMES, NS, "demo")
-    assert runtime["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": 3}
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 3
     trainer = TrainerV2(kube, NS, "demo")
     first = trainer.start()
     kube.write_log(NS, first[0], "attempt 1 step 5")

@@ -55,6 +55,17 @@ TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 TRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+PODGROUPS = "scheduling.volcano.sh/v1beta1/podgroups"
+
+
+def workloads(version: str = "v1beta2") -> str:
+    return f"kueue.x-k8s.io/{version}/workloads"
+
+
+def localqueues(version: str = "v1beta2") -> str:
+    return f"kueue.x-k8s.io/{version}/localqueues"
+
+
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
@@ -546,13 +557,19 @@ def kmock_json(data: Any, status: int):  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def serve(
-    *, operator: bool = True, trainer: bool = False, prometheus_operator: bool = True
+    *,
+    operator: bool = True,
+    trainer: bool = False,
+    prometheus_operator: bool = True,
+    kueue: str | None = None,
+    volcano: bool = False,
 ) -> Iterator[Kube]:
     """Run the emulator on its own thread and event loop (the sync client blocks); yields a `Kube`.
 
     Which CRDs are served: `operator`, the training operator v1's PyTorchJob; `trainer`, Kubeflow Trainer v2's
     TrainJob, TrainingRuntime, ClusterTrainingRuntime and JobSet (its dependency); `prometheus_operator`,
-    PodMonitor."""
+    PodMonitor; `kueue`, Kueue's Workload and LocalQueue in that API version (v1beta1 up to Kueue v0.15,
+    v1beta2 from v0.16; tests/fakes/queues.py plays Kueue); `volcano`, Volcano's PodGroup."""
     ready, box, loop = threading.Event(), {}, asyncio.new_event_loop()
 
     def declare(k: RealisticK8s) -> None:
@@ -589,6 +606,15 @@ def serve(
                 namespaced=True,
                 verbs={"create", "get", "list", "delete"},
                 subresources={"status"},
+            )
+        if kueue:
+            k.resources[workloads(kueue)] = info(kind="Workload", namespaced=True, verbs={"get", "list"},
+                                                 subresources={"status"})  # fmt: skip
+            k.resources[localqueues(kueue)] = info(kind="LocalQueue", namespaced=True, verbs={"get", "list"},
+                                                   subresources={"status"})  # fmt: skip
+        if volcano:
+            k.resources[PODGROUPS] = info(
+                kind="PodGroup", namespaced=True, verbs={"get", "list"}, subresources={"status"}
             )
         if prometheus_operator:
             k.resources[PODMONITORS] = info(

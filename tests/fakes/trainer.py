@@ -5,13 +5,20 @@ What it does is read from their source (see orchestrator/apis/trainjob.py for th
 trainer builds a JobSet named like the TrainJob from the runtime's JobSet template, with TrainJob.spec.trainer
 (image, command, args, env, numNodes, resourcesPerNode) applied to the `node` container of the `node`
 replicated job, and the torch plugin's PET_* env; JobSet creates the Job `<name>-node-0`, whose pods are named
-`<name>-node-0-<index>-<suffix>` and labelled by JobSet and the Job controller; the TrainJob's conditions
-(Created, Complete, Failed) and jobsStatus follow the JobSet's. A JobSet restart deletes every pod and
-recreates them with the next restart attempt.
+`<name>-node-0-<index>-<suffix>` and labelled by JobSet and the Job controller. The TrainJob's conditions are
+only Suspended, Complete and Failed, the last two copied from the JobSet's (kubeflow/trainer
+pkg/apis/trainer/v1alpha1/trainjob_types.go; pkg/runtime/framework/plugins/jobset/jobset.go `Status`: no
+release sets a Created condition), and its jobsStatus is the JobSet's replicatedJobsStatus, counted in child
+Jobs, not pods. A JobSet restart deletes every pod and recreates them with the next restart attempt.
+
+`fail_pod` plays a pod's failure through the Job controller's podFailurePolicy and backoffLimit
+(kubernetes pkg/controller/job/pod_failure_policy.go) and then JobSet's failurePolicy (kubernetes-sigs/jobset
+pkg/controllers/failure_policy.go `executeFailurePolicy`), from the rendered runtime.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from typing import Any
@@ -45,6 +52,8 @@ class TrainerV2:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.version = version  # the Trainer release played, where releases differ
         self.restart_attempt = 0
+        self.restarts_counted = 0  # JobSet status.restartsCountTowardsMax
+        self.job_failures = 0  # the Job's failed pods that count against its backoffLimit
         self.pods: list[str] = []  # by node rank
         self.pod_owner: dict[str, Any] = {}
 
@@ -126,7 +135,6 @@ class TrainerV2:
         self.pod_owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": self.name,
                           "uid": jobset["metadata"]["uid"]}  # fmt: skip
         self._create_pods(running=running)
-        self.set_condition("Created", "JobsCreationSucceeded", "Succeeded to create Jobs")
         self.set_jobs_status(ready=1 if running else 0, active=1)
         return self.pods
 
@@ -139,15 +147,114 @@ class TrainerV2:
             .get("failurePolicy")
         )
         allowed = int((policy or {}).get("maxRestarts") or 0)
-        assert self.restart_attempt < allowed, (
+        assert self.restarts_counted < allowed, (
             f"the JobSet allows {allowed} restarts: it would fail, not restart"
         )
+        self.restarts_counted += 1
+        return self._recreate(running=running)
+
+    def _recreate(self, *, running: bool) -> list[str]:
         for pod in self.pods:
-            self.kube.end_log(self.namespace, pod)  # the kubelet kills the containers: their logs end
+            self._end_log(pod)  # the kubelet kills the containers: their logs end
             self.kube.delete(PODS, self.namespace, pod)
         self.restart_attempt += 1
+        self.job_failures = 0  # new Jobs
         self._create_pods(running=running)
+        self.set_jobs_status(ready=1 if running else 0, active=1)
         return self.pods
+
+    # --- a pod fails: the Job controller, then JobSet
+
+    def job_template(self) -> dict[str, Any]:
+        runtime = self.runtime() or {}
+        replicated = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        return next(r for r in replicated if r["name"] == NODE)["template"]["spec"]
+
+    def fail_pod(self, pod: str, *, exit_code: int, disrupted: bool = False, running: bool = True) -> str:
+        """The container of `pod` exits with `exit_code` (a preempted or evicted pod also gets the condition
+        DisruptionTarget). Returns what the controllers did: "replaced" (the Job made a new pod), "restarted"
+        (JobSet recreated every pod) or "failed" (the TrainJob failed)."""
+        conditions = [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        ] * disrupted
+        self._end_log(pod)
+        self.kube.patch(PODS, self.namespace, pod, {"status": {
+            "phase": "Failed", "conditions": conditions, "containerStatuses": [{"name": NODE, "restartCount": 0,
+            "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}, "lastState": {}}],
+        }})  # fmt: skip
+        job = self.job_template()
+        action, rule_index = self._pod_failure_policy_action(job, exit_code, conditions)
+        if action == "FailJob":
+            what = f"with exit code {exit_code}" if not disrupted else "has condition DisruptionTarget"
+            return self._job_failed(
+                "PodFailurePolicy",
+                f"Pod {self.namespace}/{pod} {what} matching FailJob rule at index {rule_index}",
+                running=running,
+            )
+        if action != "Ignore":
+            self.job_failures += 1
+        if self.job_failures > int(job.get("backoffLimit", 6)):
+            return self._job_failed("BackoffLimitExceeded", "Job has reached the specified backoff limit",
+                                    running=running)  # fmt: skip
+        index = self.pods.index(pod)
+        self.kube.delete(PODS, self.namespace, pod)
+        self._create_pod(index, running=running)
+        return "replaced"
+
+    @staticmethod
+    def _pod_failure_policy_action(
+        job: dict[str, Any], exit_code: int, conditions: list[dict[str, Any]]
+    ) -> tuple[str, int]:
+        """The first podFailurePolicy rule that matches (pod_failure_policy.go matchPodFailurePolicy):
+        onExitCodes on the `node` container's non-zero exit code, onPodConditions on the pod's conditions.
+        No rule matching: "Count"."""
+        rules = (job.get("podFailurePolicy") or {}).get("rules") or []
+        for index, rule in enumerate(rules):
+            if on_codes := rule.get("onExitCodes"):
+                in_values = exit_code in on_codes["values"]
+                if exit_code != 0 and in_values == (on_codes["operator"] == "In"):
+                    return rule["action"], index
+            for pattern in rule.get("onPodConditions") or []:
+                if any(c["type"] == pattern["type"] and c["status"] == pattern.get("status", "True")
+                       for c in conditions):  # fmt: skip
+                    return rule["action"], index
+        return "Count", -1
+
+    def _job_failed(self, reason: str, message: str, *, running: bool) -> str:
+        """JobSet's failurePolicy for a failed child Job: no policy fails the JobSet; else the first rule
+        whose onJobFailureReasons match (empty: any), or the default RestartJobSet, which counts against
+        maxRestarts (and fails the JobSet once they are spent)."""
+        self.set_jobs_status(failed=1)
+        policy = ((self.runtime() or {})["spec"]["template"]["spec"]).get("failurePolicy")
+        if policy is None:
+            return self._fail("FailedJobs", "jobset failed due to one or more job failures")
+        rule = next(
+            (r for r in policy.get("rules") or [] if not r.get("onJobFailureReasons")
+             or reason in r["onJobFailureReasons"]),
+            {"action": "RestartJobSet"},
+        )  # fmt: skip
+        if rule["action"] == "FailJobSet":
+            return self._fail(
+                "FailJobSetFailurePolicyAction", f"applying FailJobSet failure policy action: {message}"
+            )
+        if rule["action"] == "RestartJobSet":
+            if self.restarts_counted >= int(policy.get("maxRestarts") or 0):
+                return self._fail(
+                    "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"
+                )
+            self.restarts_counted += 1
+        self._recreate(running=running)
+        return "restarted"
+
+    def _end_log(self, pod: str) -> None:
+        with contextlib.suppress(KeyError):  # a pod that never ran has no log
+            self.kube.end_log(self.namespace, pod)
+
+    def _fail(self, reason: str, message: str) -> str:
+        for pod in self.pods:
+            self._end_log(pod)
+        self.set_condition("Failed", reason, message)  # the JobSet's condition, copied by the trainer
+        return "failed"
 
     def finish(self, *, succeeded: bool = True) -> None:
         """Every pod exits (0, or 1 for the failed ones); the JobSet and then the TrainJob say so."""
@@ -195,38 +302,45 @@ class TrainerV2:
                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
 
     def _create_pods(self, *, running: bool) -> None:
-        template = self.pod_template()
-        job_name = f"{self.name}-{NODE}-0"
         self.pods = []
         for index in range(self.num_nodes()):
-            pod = f"{job_name}-{index}-{next(_suffixes)}"
-            labels = {
-                **((template.get("metadata") or {}).get("labels") or {}),
-                "jobset.sigs.k8s.io/jobset-name": self.name,
-                "jobset.sigs.k8s.io/replicatedjob-name": NODE,
-                "jobset.sigs.k8s.io/job-index": "0",
-                "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
-                "batch.kubernetes.io/job-name": job_name,
-                "job-name": job_name,
-                "batch.kubernetes.io/job-completion-index": str(index),
-            }
-            annotations = {
-                **((template.get("metadata") or {}).get("annotations") or {}),
-                "batch.kubernetes.io/job-completion-index": str(index),
-                "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
-            }
-            self.kube.put(PODS, self.namespace, {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "labels": labels, "annotations": annotations,
-                             "ownerReferences": [self.pod_owner]},
-                "spec": {**template["spec"], "nodeName": f"gpu-node-{index + 1}" if running else "",
-                         "hostname": f"{job_name}-{index}", "subdomain": self.name},
-                "status": {"phase": "Pending", "containerStatuses": [
-                    {"name": NODE, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]},
-            })  # fmt: skip
-            if running:
-                self.set_pod_phase(pod, "Running")
-                self.kube.start_log(self.namespace, pod)
+            self._create_pod(index, running=running)
+
+    def _create_pod(self, index: int, *, running: bool) -> None:
+        """The pod of completion index `index` (in self.pods at that index)."""
+        template = self.pod_template()
+        job_name = f"{self.name}-{NODE}-0"
+        pod = f"{job_name}-{index}-{next(_suffixes)}"
+        labels = {
+            **((template.get("metadata") or {}).get("labels") or {}),
+            "jobset.sigs.k8s.io/jobset-name": self.name,
+            "jobset.sigs.k8s.io/replicatedjob-name": NODE,
+            "jobset.sigs.k8s.io/job-index": "0",
+            "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
+            "batch.kubernetes.io/job-name": job_name,
+            "job-name": job_name,
+            "batch.kubernetes.io/job-completion-index": str(index),
+        }
+        annotations = {
+            **((template.get("metadata") or {}).get("annotations") or {}),
+            "batch.kubernetes.io/job-completion-index": str(index),
+            "jobset.sigs.k8s.io/restart-attempt": str(self.restart_attempt),
+        }
+        self.kube.put(PODS, self.namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "labels": labels, "annotations": annotations,
+                         "ownerReferences": [self.pod_owner]},
+            "spec": {**template["spec"], "nodeName": f"gpu-node-{index + 1}" if running else "",
+                     "hostname": f"{job_name}-{index}", "subdomain": self.name},
+            "status": {"phase": "Pending", "containerStatuses": [
+                {"name": NODE, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+        })  # fmt: skip
+        if running:
+            self.set_pod_phase(pod, "Running")
+            self.kube.start_log(self.namespace, pod)
+        if index < len(self.pods):
+            self.pods[index] = pod
+        else:
             self.pods.append(pod)
 
 

@@ -300,14 +300,22 @@ def test_topology_annotations_on_every_pod_template(tmp_path, api, policy):
 @pytest.mark.parametrize(
     ("policy", "pod_restart", "job_fields", "failure_policy"),
     [
-        ("job", "Never", {"backoffLimit": 0}, {"maxRestarts": 5}),
+        (
+            "job",
+            "Never",
+            {"backoffLimit": 0, "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}},
+            {"maxRestarts": 5, "rules": [{"name": "Disruption", "action": "RestartJobSetAndIgnoreMaxRestarts",
+                                          "onJobFailureReasons": ["PodFailurePolicy"]}]},
+        ),
         ("on-failure", "OnFailure", {"backoffLimit": 7}, None),
         ("never", "Never", {"backoffLimit": 0}, None),
     ],
-)
+)  # fmt: skip
 def test_trainjob_restart_policy(tmp_path, policy, pod_restart, job_fields, failure_policy):
     """job: a failed pod fails its Job (Never, backoffLimit 0), and JobSet's failurePolicy recreates every
-    Job: all pods restart together, at most max_restarts times."""
+    Job: all pods restart together, at most max_restarts times; a disrupted pod's Job fails by its
+    podFailurePolicy, and that reason restarts the JobSet without counting (issue #19 point 9)."""
     found = objects(tmp_path, MULTI + f"restart: {{policy: {policy}, max_restarts: 5, backoff_limit: 7}}\n")
     rjob = runtime_job(found)["template"]["spec"]
     assert rjob["template"]["spec"]["restartPolicy"] == pod_restart
@@ -319,8 +327,17 @@ def test_trainjob_exit_code_policy_fails_at_once_on_program_errors(tmp_path):
     found = objects(tmp_path, MULTI + "restart: {policy: exit-code, backoff_limit: 4}\n")
     rjob = runtime_job(found)["template"]["spec"]
     assert rjob["backoffLimit"] == 4 and rjob["template"]["spec"]["restartPolicy"] == "Never"
-    (rule,) = rjob["podFailurePolicy"]["rules"]
+    disruption, rule = rjob["podFailurePolicy"]["rules"]
+    assert disruption == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == list(range(1, 128))
+    assert found["TrainingRuntime"]["spec"]["template"]["spec"]["failurePolicy"] == {
+        "rules": [
+            {"name": "ProgramError", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+        ]
+    }
     assert objects_errors(list(found.values())) == []
 
 
@@ -360,6 +377,8 @@ PER_AGENT = "bounds each pod's torchrun agent, not the job"  # issue #19 point 8
         ("scheduling: {gang: false}\nrestart: {policy: on-failure}\n", "trainjob", []),
         ("scheduling: {queue: q}\nrestart: {policy: exit-code}\n", "pytorchjob", [LOST, UNBOUNDED]),
         ("scheduling: {queue: q}\nrestart: {policy: exit-code}\noutput: {pvc: c}\n", "pytorchjob", []),
+        ("scheduling: {queue: q}\nrestart: {policy: exit-code}\noutput: {url: 's3://b/p'}\n", "pytorchjob",
+         [UNBOUNDED]),  # the start count lives in the output dir, an emptyDir beside an object store
         ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n", "trainjob", [LOST]),
         ("scheduling: {queue: q}\nvolumes: [{name: c, mount: /ckpt, pvc: c}]\n"
          "train: {task: digits, batch_size: 64, checkpoint: {dir: /ckpt/demo}}\n", "trainjob", []),
