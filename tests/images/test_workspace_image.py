@@ -1,0 +1,130 @@
+"""A workspace layer built for real with buildah (#24.1): its files, its tag's stability, a rebuild after one
+file changes, and a job whose task lives in the workspace trained by the rendered pod command inside it.
+
+What is real: buildah, the trainer image (the top-level Dockerfile on the CPU `torch` stage, as in
+test_image.py), the layer's Dockerfile from orchestrator/workspace.py, torchrun and the trainer. What stands
+in: the base images (no registry here, see conftest.py), the registry (nothing is pushed: push=False) and the
+training operator, whose PET_* env the test sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import workspace
+from tests.images.conftest import buildah
+from tests.images.test_image import ORCH, _config, _free_port, _orch_build
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a cold cache builds the bases too
+
+TASK = '''"""A task of the user's own: the synthetic regression, under another name."""
+
+from orchestrator.trainer.tasks.synthetic import make
+
+
+def make_task(**task_args):
+    return make(**task_args)
+'''
+
+
+def user_project(root: Path, image: str) -> Path:
+    (root / "mytasks").mkdir(parents=True)
+    (root / "mytasks" / "__init__.py").write_text("")
+    (root / "mytasks" / "tiny.py").write_text(TASK)
+    (root / "job.yaml").write_text(
+        f"name: ws\nimage: {image}\nprocs_per_node: 2\ntrain:\n  task: 'mytasks.tiny:make_task'\n"
+        "  task_args: {kind: regression, samples: 256, features: 8, hidden: 16}\n"
+        "  batch_size: 32\n  max_steps: 3\n  log_every: 1\n  eval_every: 0\n"
+    )
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / ".venv").mkdir()
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    (root / "runs" / "ws-1").mkdir(parents=True)
+    (root / "runs" / "ws-1" / "model.pt").write_text("old weights")
+    return root
+
+
+def layers(env: dict[str, str], ref: str) -> list[str]:
+    return json.loads(buildah(env, "inspect", "--type", "image", ref))["OCIv1"]["rootfs"]["diff_ids"]
+
+
+def test_a_workspace_layer_holds_its_files_keeps_its_tag_and_trains_the_users_task(
+    buildah_env, torch_base, wheelhouse, tmp_path: Path, monkeypatch
+) -> None:
+    env = buildah_env
+    for key, value in env.items():  # build_layer runs buildah with this process's environment
+        monkeypatch.setenv(key, value)
+    pip = ["--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"PIP_FIND_LINKS={wheelhouse}"]
+    trainer = _orch_build(
+        env, "--image", "localhost/orch-trainer", "--build-arg", f"BASE_IMAGE={torch_base}", *pip
+    )
+    refs = [trainer]
+    try:
+        root = user_project(tmp_path / "project", trainer)
+        spec_file = root / "job.yaml"
+        layer = workspace.build_layer(root, trainer, "localhost/orch-ws", tool="buildah", push=False)
+        refs.append(layer.ref)
+        assert layer.built and layer.ref.startswith("localhost/orch-ws:workspace-")
+        # One layer over the trainer image, holding exactly the workspace's files (no .git, venv, runs/).
+        assert len(layers(env, layer.ref)) == len(layers(env, trainer)) + 1
+        container = buildah(env, "from", layer.ref).strip()
+        try:
+            shipped = buildah(env, "run", container, "--", "find", "/orch/workspace", "-type", "f").split()
+        finally:
+            buildah(env, "rm", container, check=False)
+        assert sorted(shipped) == [f"/orch/workspace/{f}" for f in ("job.yaml", "mytasks/__init__.py",
+                                                                     "mytasks/tiny.py")]  # fmt: skip
+        config = _config(env, layer.ref)
+        assert config["User"] == "10001" and config["WorkingDir"] == "/orch/workspace"
+        assert "PYTHONPATH=/orch/workspace" in config["Env"]
+
+        # Same files: same tag, nothing built. One file changed: a new tag, built again.
+        again = workspace.build_layer(root, trainer, "localhost/orch-ws", tool="buildah", push=False)
+        assert (again.ref, again.built) == (layer.ref, False)
+        (root / "mytasks" / "tiny.py").write_text(TASK + "\n# tuned\n")
+        changed = workspace.build_layer(root, trainer, "localhost/orch-ws", tool="buildah", push=False)
+        refs.append(changed.ref)
+        assert changed.built and changed.ref != layer.ref
+
+        assert _train(env, changed.ref, spec_file, tmp_path)["steps"] == 3
+    finally:
+        for ref in refs:
+            buildah(env, "rmi", "--force", ref, check=False)
+        buildah(env, "rmi", "--prune", check=False)
+
+
+def _train(env: dict[str, str], ref: str, spec_file: Path, tmp_path: Path) -> dict:
+    """The rendered PyTorchJob's command in a container of `ref`, as the operator starts it: summary.json."""
+    rendered = subprocess.run([ORCH, "render", str(spec_file), "--set", f"image={ref}"], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    assert "warning" not in rendered.stderr  # the task is in the workspace
+    objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
+    (tmp_path / "train.json").write_text(
+        next(o for o in objects if o["kind"] == "ConfigMap")["data"]["train.json"]
+    )
+    job = next(o for o in objects if o["kind"] == "PyTorchJob")
+    (pod,) = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    (main,) = pod["containers"]
+    assert main["image"] == ref
+    name = buildah(env, "from", ref).strip()
+    try:
+        buildah(env, "copy", "--chmod", "0644", name, str(tmp_path / "train.json"), "/etc/orch/train.json")
+        pod_env = {e["name"]: e["value"] for e in main.get("env", []) if "value" in e}
+        pod_env.update(PET_NNODES="1", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
+                       PET_MASTER_PORT=str(_free_port()), ORCH_METRICS_PORT="0")  # fmt: skip
+        env_args = [arg for key, value in pod_env.items() for arg in ("--env", f"{key}={value}")]
+        result = subprocess.run(["buildah", "run", *env_args, name, "--", *main["command"]], capture_output=True,
+                                text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        assert "training mytasks.tiny:make_task for 3 steps" in result.stdout + result.stderr
+        return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
+    finally:
+        buildah(env, "rm", name, check=False)
