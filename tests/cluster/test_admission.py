@@ -82,20 +82,30 @@ def test_other_denials_are_not_retried_and_rbac_refusals_still_say_rbac(v2, job_
 
 
 @pytest.mark.parametrize(
-    ("setting", "field", "since"),
+    ("served", "settings", "field", "since"),
     [
-        ("deadline=1h", "spec.activeDeadlineSeconds", "v2.2"),
-        ("runtime=torch-distributed", "spec.runtimePatches", "v2.2"),
+        ("v2.1", ["deadline=1h"], "spec.activeDeadlineSeconds", "v2.2"),
+        ("v2.1", ["runtime=torch-distributed"], "spec.runtimePatches", "v2.2"),
+        (
+            "v2.2",
+            ["runtime=torch-distributed", "pod_overrides.terminationGracePeriodSeconds=120"],
+            "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template"
+            ".spec.terminationGracePeriodSeconds",
+            "v2.3",
+        ),
     ],
 )
-def test_a_field_the_clusters_trainer_lacks_is_one_line_not_dropped(v2, tmp_path, setting, field, since):
-    v2.kube.serve_crd(TRAINJOBS, trainjob_crd("v2.1"))
+def test_a_field_the_clusters_trainer_lacks_is_one_line_not_dropped(
+    v2, tmp_path, served, settings, field, since
+):
+    v2.kube.serve_crd(TRAINJOBS, trainjob_crd(served))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(
         "name: demo\nimage: registry.example/trainer:1\nnodes: 2\nmetrics: {enabled: false}\n"
         "train:\n  task: digits\n  batch_size: 96\n  max_steps: 10\n"
     )
-    result = v2.orch("submit", str(job_file), "--api", "trainjob", "--set", setting)
+    args = [a for setting in settings for a in ("--set", setting)]
+    result = v2.orch("submit", str(job_file), "--api", "trainjob", *args)
     assert result.exit_code == 1, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(
