@@ -93,40 +93,66 @@ class NullTracker:
 
 
 class TensorBoardTracker(NullTracker):
-    """Scalars as TensorBoard event files under `log_dir`, written by torch's SummaryWriter."""
+    """Scalars as TensorBoard event files under `log_dir`, written by torch's SummaryWriter on a background
+    thread: a stalled volume (an NFS server that hangs) holds the writer, never the loop (rank 0 would hold
+    the other ranks in their next collective). close() waits for it at most `close_seconds`."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, close_seconds: float = DEFAULT_CLOSE_SECONDS) -> None:
         self.log_dir = log_dir
+        self.close_seconds = close_seconds
         self.writer: Any = None
         self.failed: str | None = None
         self.dropped = 0
+        self._inbox: queue.Queue[tuple[int, Mapping[str, float]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._writing = 0  # values of the write in progress
 
     def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+        self._thread = threading.Thread(
+            target=self._serve, args=(step,), name="orch-tensorboard", daemon=True
+        )
+        self._thread.start()
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._inbox.put((step, dict(metrics)))
+
+    def _serve(self, resumed_at: int) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         # purge_step: a resumed run first drops the steps after its checkpoint that the previous attempt
         # wrote (TensorBoard's reader honours it), so the curves do not fold back on themselves.
-        self._guard(
-            lambda: setattr(
-                self, "writer", SummaryWriter(str(self.log_dir), purge_step=step + 1 if step else None)
-            )
-        )
+        purge = resumed_at + 1 if resumed_at else None
+        self._guard(lambda: setattr(self, "writer", SummaryWriter(str(self.log_dir), purge_step=purge)))
+        while (item := self._inbox.get()) is not None:
+            step, metrics = item
 
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        def write() -> None:
-            for name, value in metrics.items():
-                self.writer.add_scalar(name, value, global_step=step)
-            self.writer.flush()  # an event file a reader sees whole at every log step
+            def write(step: int = step, metrics: Mapping[str, float] = metrics) -> None:
+                for name, value in metrics.items():
+                    self.writer.add_scalar(name, value, global_step=step)
+                self.writer.flush()  # an event file a reader sees whole at every log step
 
-        if not self._guard(write):
-            self.dropped += len(metrics)
+            self._writing = len(metrics)
+            if not self._guard(write):
+                self.dropped += len(metrics)
+            self._writing = 0
+        if self.writer is not None:
+            self._guard(self.writer.close)
 
     def links(self) -> dict[str, str]:
         return {"tensorboard": str(self.log_dir)}
 
     def close(self, *, failed: bool = False) -> list[str]:
-        if self.writer is not None:
-            self._guard(self.writer.close)
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=self.close_seconds)
+            if self._thread.is_alive():  # stalled: what is still queued is not written
+                waiting = self._writing
+                while not self._inbox.empty():
+                    item = self._inbox.get_nowait()
+                    waiting += len(item[1]) if item else 0
+                return [
+                    f"TensorBoard: {self.dropped + waiting} values not written to {self.log_dir} (timed out)"
+                ]
         if self.failed:
             return [f"TensorBoard: {self.dropped} values not written to {self.log_dir} ({self.failed})"]
         return []
@@ -421,9 +447,10 @@ def build(
             )
         )
     if settings.tensorboard_dir:
+        close_seconds = float(os.environ.get(CLOSE_SECONDS_ENV, DEFAULT_CLOSE_SECONDS))
         trackers.append(
-            TensorBoardTracker(output_dir / settings.tensorboard_dir)
-        )  # relative: under output_dir
+            TensorBoardTracker(output_dir / settings.tensorboard_dir, close_seconds=close_seconds)
+        )
     return trackers[0] if len(trackers) == 1 else Trackers(trackers)
 
 

@@ -61,7 +61,7 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(mlflow_server, tmp_pa
     links = json.loads((out / tracking.LINKS_FILE).read_text())
     assert first.stdout.splitlines()[-1] == f"tracking: mlflow {links['mlflow']}"
     second = run_digits(out, 100, *sets)  # the same --out: resumes from step 50
-    second_steps = events(out, "step")
+    second_steps = events(out, "step")[len(first_steps) :]  # progress.jsonl keeps every run's (appended)
 
     client = mlflow_server.client()
     runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
@@ -114,7 +114,7 @@ def test_tensorboard_records_the_demo_and_its_resume(tmp_path):
     assert f"tensorboard --logdir {out / 'tensorboard'}" in first.stdout.splitlines()[:3]
     assert first.stdout.splitlines()[-1] == f"tracking: tensorboard --logdir {out / 'tensorboard'}"
     second = run_digits(out, 100, "tracking.tensorboard=true")
-    steps = first_steps + events(out, "step")
+    steps = events(out, "step")  # progress.jsonl keeps every run's events (appended): both runs'
 
     scalars = tensorboard_scalars(out / "tensorboard")
     f32 = np.float32  # TensorBoard's scalars are 32-bit floats

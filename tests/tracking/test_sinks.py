@@ -245,3 +245,37 @@ def test_a_wrapped_connection_error_is_worth_a_retry():
             raise RuntimeError("API request to http://x failed with exception ...") from cause
     except RuntimeError as error:
         assert tracking.transient(error)
+
+
+def test_a_stalled_tensorboard_volume_holds_neither_the_loop_nor_the_end(tmp_path, monkeypatch):
+    """A volume that hangs (an NFS server gone) cannot exist here: the writer is replaced by one that blocks
+    the way a write to it would. The loop's calls return at once; close() keeps to its deadline."""
+    import threading
+    import time
+
+    import torch.utils.tensorboard
+
+    released = threading.Event()
+
+    class HangingWriter:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def add_scalar(self, *args, **kwargs) -> None:
+            released.wait()
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(torch.utils.tensorboard, "SummaryWriter", HangingWriter)
+    tracker = tracking.TensorBoardTracker(tmp_path / "tensorboard", close_seconds=1)
+    tracker.start()
+    started = time.monotonic()
+    for step in range(1, 4):
+        tracker.log_metrics(step, {"train/loss": 1.0, "train/lr": 0.1})
+    assert time.monotonic() - started < 1
+    assert tracker.close() == [f"TensorBoard: 6 values not written to {tmp_path / 'tensorboard'} (timed out)"]
+    released.set()
