@@ -110,7 +110,7 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(mlflow_server, tmp_pa
 def test_tensorboard_records_the_demo_and_its_resume(tmp_path):
     out = tmp_path / "run"
     first = run_digits(out, 50, "tracking.tensorboard=true")
-    first_steps, first_eval = events(out, "step"), first.summary["eval"]
+    first_eval = first.summary["eval"]
     assert f"tensorboard --logdir {out / 'tensorboard'}" in first.stdout.splitlines()[:3]
     assert first.stdout.splitlines()[-1] == f"tracking: tensorboard --logdir {out / 'tensorboard'}"
     second = run_digits(out, 100, "tracking.tensorboard=true")
