@@ -115,6 +115,11 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"OK {job_file}: {spec.name}")
     for line in summary(spec):
         click.echo(f"  {line}")
+    from orchestrator import workspace
+
+    if (folder := workspace.resolve(spec, job_file)) is not None:
+        shipped = len(workspace.files(folder)) if folder.is_dir() else 0
+        click.echo(f"  workspace: {folder} ({shipped} files; orch submit --build ships them over the image)")
     warn_missing_code(spec, job_file)
 
 

@@ -130,7 +130,12 @@ def run_orch(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("command", ["validate", "render"])
 def test_validate_and_render_warn_about_code_neither_the_image_nor_the_workspace_has(tmp_path, command):
     root = project(tmp_path / "p")
-    assert "warning" not in run_orch(command, str(root / "job.yaml")).stderr
+    found = run_orch(command, str(root / "job.yaml"))
+    assert "warning" not in found.stderr
+    if command == "validate":
+        assert f"  workspace: {root.resolve()} (3 files; orch submit --build ships them over the image)" in (
+            found.stdout.splitlines()
+        )
     shutil.rmtree(root / "mypkg")
     result = run_orch(command, str(root / "job.yaml"))
     assert result.returncode == 0
