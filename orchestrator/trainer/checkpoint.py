@@ -20,6 +20,13 @@ complete checkpoints, and removes one that is not complete only once a newer com
 then it may be all a user has left). A checkpoint written again at the same step replaces the old one only
 once it is complete itself.
 
+Who hashes what at a save: each rank hashes the files it wrote itself (DCP names them `__{rank}_N.distcp`;
+rank 0 also `.metadata` and train.pt), so each reads back about checkpoint / world size bytes, and rank 0
+only merges the digests: a synchronous save gathers them (one all_gather_object); an async save is not
+collective until the next save, so a rank whose write is done (seen at `poll`) puts its digests in
+`.orch-digests/RANK.json` inside the checkpoint, and rank 0 completes the checkpoint once every rank's
+file is there (a listing of that folder per step), removing the folder before it writes the marker.
+
 On an object store (`output.url`, `orch run --out s3://...`, a `checkpoint.dir` URL) there is no rename:
 every rank writes its part straight into `step-00000120/` and rank 0 writes the marker last, once every
 rank's objects are there, so the marker's presence (and its listing) is what makes a checkpoint complete. A
@@ -58,7 +65,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -75,6 +82,7 @@ NAME = re.compile(r"^step-(\d{8})$")
 LEGACY_NAME = re.compile(r"^step-(\d{8})\.pt$")
 TMP = re.compile(r"^\.step-\d{8}(\.pt)?(\.replaced)?\.tmp$")
 DIGEST = "sha256"
+DIGESTS = ".orch-digests"  # async saves: each rank's digests of what it wrote, until rank 0 merges them
 REQUIRED_FILES = (
     ".metadata",
     "train.pt",
@@ -298,15 +306,93 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
 
 
-def _finalize(tmp: Path, final: Path, *, step: int, world_size: int, mode: str) -> None:
-    """Rank 0, once every rank's files are written: list them with their sizes and content digests, write
-    the marker, rename into place (on an object store `tmp` is `final` and the marker, written last,
-    is what completes it)."""
-    files = {
-        p.name: {"size": p.stat().st_size, DIGEST: _digest_of(p)}
-        for p in sorted(tmp.iterdir(), key=lambda p: p.name)
-        if p.is_file()
-    }
+def _hashed(path: Path) -> dict[str, Any]:
+    """The marker's entry for one file: its size and sha256, from one reading (the size is what was hashed)."""
+    with path.open("rb") as stream:  # a Path or an object store's UPath
+        digest = file_digest(stream)
+        return {"size": stream.tell(), DIGEST: digest}
+
+
+def _hash_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    return {name: _hashed(directory / name) for name in names}
+
+
+def files_written_by(metadata: Any, rank: int) -> list[str]:
+    """The files of a checkpoint that `rank` wrote, from the Metadata dcp.save returns on every rank: DCP's
+    file writer names a rank's files `__{rank}_N.distcp` (torch/distributed/checkpoint/filesystem.py,
+    prepare_global_plan), each item's `relative_path`; rank 0 (DCP's coordinator and orch's) also wrote
+    `.metadata` and train.pt. A file left out here (a rank that DCP gave nothing to write still writes an
+    empty one) is hashed by rank 0 when it lists the directory."""
+    prefix = f"__{rank}_"
+    items = getattr(metadata, "storage_data", None) or {}
+    names = {getattr(info, "relative_path", None) for info in items.values()}
+    own = sorted(name for name in names if isinstance(name, str) and name.startswith(prefix))
+    return [*own, ".metadata", TRAIN_STATE] if rank == 0 else own
+
+
+def _names_in(directory: Any) -> list[str]:
+    """The names in a directory (local) or under a prefix (object store: one listing); [] when absent."""
+    try:
+        if storage.is_remote(directory):
+            return [name.rsplit("/", 1)[-1] for name in directory.fs.ls(directory.path, detail=False)]
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+
+
+def _plain_files(directory: Any) -> list[str]:
+    """The files of a checkpoint being written (DIGESTS, a folder, excluded): one listing."""
+    if storage.is_remote(directory):
+        entries = directory.fs.ls(directory.path, detail=True)
+        return sorted(e["name"].rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+    return sorted(entry.name for entry in os.scandir(directory) if entry.is_file())
+
+
+DIGEST_FILE = re.compile(r"^\d+\.json$")
+
+
+def _write_digests(tmp: Path, rank: int, hashed: dict[str, dict[str, Any]]) -> None:
+    """Async saves, ranks other than 0: the digests of what this rank wrote, for rank 0 to merge. Appears
+    whole (renamed into place; one PUT on an object store): rank 0 counts the files to know it has all."""
+    data = json.dumps(hashed).encode()
+    folder = tmp / DIGESTS
+    if storage.is_remote(tmp):
+        (folder / f"{rank}.json").write_bytes(data)
+        return
+    folder.mkdir(exist_ok=True)
+    part = folder / f".{rank}.json.part"
+    _write_file(part, data)
+    os.rename(part, folder / f"{rank}.json")
+
+
+def _digest_files(tmp: Path) -> list[str]:
+    return [name for name in _names_in(tmp / DIGESTS) if DIGEST_FILE.match(name)]
+
+
+def _collect_digests(tmp: Path) -> dict[str, dict[str, Any]]:
+    """Rank 0: the other ranks' digests, read in parallel (an object store answers each GET in tens of
+    milliseconds; hundreds of ranks would add up); their folder is removed, the marker does not list it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp / DIGESTS
+    names = _digest_files(tmp)
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        parts = list(pool.map(lambda name: json.loads((folder / name).read_bytes()), names))
+    storage.remove_tree(folder)
+    return {name: entry for part in parts for name, entry in part.items()}
+
+
+def _finalize(
+    tmp: Path, final: Path, *, step: int, world_size: int, mode: str, hashed: dict[str, dict[str, Any]]
+) -> None:
+    """Rank 0, once every rank's files are written and each rank has hashed its own (`hashed`, merged):
+    list the directory, hash what no rank claimed (an empty file), write the marker, rename into place (on
+    an object store `tmp` is `final` and the marker, written last, is what completes it)."""
+    present = _plain_files(tmp)
+    entries = {**_hash_files(tmp, [name for name in present if name not in hashed]), **hashed}
+    files = {name: entries[name] for name in sorted(entries)}
     marker = {"format": FORMAT, "step": step, "world_size": world_size, "parallel": mode, "files": files}
     _write_file(tmp / MARKER, (json.dumps(marker, indent=1) + "\n").encode())
     if storage.is_remote(tmp):
@@ -429,6 +515,18 @@ class Resumed:
     """train.pt: step, counters, scheduler, scaler, world_size, rng (one per saving rank)."""
 
 
+@dataclass
+class _Write:
+    """An async save in flight: DCP's future, where it goes, and (once this rank's part is written) the
+    digests of the files this rank wrote."""
+
+    future: Any
+    tmp: Path
+    final: Path
+    step: int
+    hashed: dict[str, dict[str, Any]] | None = None
+
+
 class Checkpointer:
     """Saves every `every_steps` and at the end, keeps `keep` that verify, resumes from the newest valid."""
 
@@ -446,7 +544,7 @@ class Checkpointer:
         self.directory, self.every_steps, self.keep = directory, every_steps, keep
         self.rank, self.world_size, self.mode = rank, world_size, mode
         self.async_save = async_save
-        self._pending: tuple[Any, Path, Path, int] | None = None  # (future, tmp, final, step)
+        self._pending: _Write | None = None
         self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
         self.remote = storage.is_remote(directory)
         self._lock: Any = None
@@ -496,6 +594,7 @@ class Checkpointer:
         extra = {**train_state, "step": step, "world_size": self.world_size, "parallel": self.mode,
                  "rng": rng_states}  # fmt: skip
         error: BaseException | None = None
+        hashed: dict[str, dict[str, Any]] | None = None
         try:
             if self.rank == 0:
                 if tmp.exists():  # the same step written again (a run resumed from an earlier checkpoint)
@@ -508,15 +607,23 @@ class Checkpointer:
                 future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group)
                 if self.rank == 0:
                     _write_file(tmp / TRAIN_STATE, _to_bytes(extra))
-                self._pending = (future, tmp, final, step)
+                self._pending = _Write(future, tmp, final, step)
                 return
-            dcp.save(state, checkpoint_id=str(tmp))
+            metadata = dcp.save(state, checkpoint_id=str(tmp))
             if self.rank == 0:
                 _write_file(tmp / TRAIN_STATE, _to_bytes(extra))
-                _finalize(tmp, final, step=step, world_size=self.world_size, mode=self.mode)
-                self._rotate()
+            hashed = _hash_files(tmp, files_written_by(metadata, self.rank))  # this rank's part only
         except (Exception, CheckpointException) as caught:  # (DCP's is a BaseException)
             error = caught
+        shares: list[Any] = [None] * self.world_size  # every rank's digests (None: it failed)
+        dist.all_gather_object(shares, hashed)
+        if self.rank == 0 and error is None and all(share is not None for share in shares):
+            try:
+                merged = {name: entry for share in shares for name, entry in share.items()}
+                _finalize(tmp, final, step=step, world_size=self.world_size, mode=self.mode, hashed=merged)
+                self._rotate()
+            except (Exception, CheckpointException) as caught:
+                error = caught
         self._agree(error, tmp, step)  # collective: every rank learns whether the save held
 
     def _agree(self, error: BaseException | None, tmp: Path, step: int) -> None:
@@ -541,33 +648,77 @@ class Checkpointer:
         return "free space there (or point train.checkpoint.dir elsewhere)"
 
     def poll(self) -> None:
-        """Async saves: put a finished write in place (rank 0, no collective). Cheap; call every step."""
-        if self._pending is None or not self._pending[0].done():
+        """Async saves, every step, no collective (each rank sees its write finish at its own step): once
+        this rank's write is done it hashes the files it wrote (rank 0 keeps the digests, the others write
+        them into the checkpoint's DIGESTS folder); rank 0 completes the checkpoint once every other rank's
+        digests are there (one listing of that folder per step until then)."""
+        write = self._pending
+        if write is None:
             return
-        self._finish_pending()
+        if write.hashed is None:
+            if not write.future.done():
+                return
+            error = self._hash_own(write)
+            if error is not None:
+                self._pending = None
+                self._fail(write, _describe(error, self.directory), error)
+        if self.rank == 0 and (self.world_size == 1 or len(_digest_files(write.tmp)) >= self.world_size - 1):
+            self._complete(write)
 
     def wait(self) -> None:
-        """Async saves: block until the write in flight is on disk and in place."""
-        if self._pending is not None:
-            self._finish_pending()
+        """Async saves, collective (every rank calls it: at the next save and at the end): block until the
+        write in flight is written and hashed on every rank, then rank 0 completes it."""
+        if not self.async_save:
+            return
+        write = self._pending
+        error = self._hash_own(write) if write is not None and write.hashed is None else None
+        reason = None if error is None else _describe(error, self.directory)
+        reasons: list[Any] = [reason]
+        if dist.is_initialized():  # after this every rank's digests are in DIGESTS
+            reasons = [None] * self.world_size
+            dist.all_gather_object(reasons, reason, group=self._group)
+        failed = next((r for r in reasons if r is not None), None)
+        if write is None:  # rank 0 completed it already in poll (none failed), or there was none
+            return
+        self._pending = None
+        if failed is not None:
+            self._fail(write, failed, error)
+        if self.rank == 0:
+            self._complete(write)
 
-    def _finish_pending(self) -> None:
-        assert self._pending is not None
-        future, tmp, final, step = self._pending
+    def _hash_own(self, write: _Write) -> BaseException | None:
+        """This rank's write is done: hash the files it wrote; None, or what failed (the write or the read)."""
+        try:
+            hashed = _hash_files(write.tmp, files_written_by(write.future.result(), self.rank))
+            if self.rank != 0:
+                _write_digests(write.tmp, self.rank, hashed)
+        except (Exception, CheckpointException) as error:  # (DCP's is a BaseException)
+            return error
+        write.hashed = hashed
+        return None
+
+    def _complete(self, write: _Write) -> None:
+        """Rank 0: every rank's part is written and hashed: merge the digests into the marker, put the
+        checkpoint in place, rotate."""
+        assert write.hashed is not None
         self._pending = None
         try:
-            future.result()
-            if self.rank == 0:
-                _finalize(tmp, final, step=step, world_size=self.world_size, mode=self.mode)
-                self._rotate()
+            hashed = {**_collect_digests(write.tmp), **write.hashed}
+            _finalize(
+                write.tmp, write.final, step=write.step, world_size=self.world_size, mode=self.mode,
+                hashed=hashed,
+            )  # fmt: skip
+            self._rotate()
         except (Exception, CheckpointException) as error:
-            reason = _describe(error, self.directory)
-            if self.rank == 0:
-                _remove_quietly(tmp)
-            raise CheckpointError(
-                f"checkpoint at step {step}: could not write {self.directory}: {reason}; {self._remedy} "
-                "and run again"
-            ) from error
+            self._fail(write, _describe(error, self.directory), error)
+
+    def _fail(self, write: _Write, reason: str, error: BaseException | None) -> NoReturn:
+        if self.rank == 0:
+            _remove_quietly(write.tmp)
+        raise CheckpointError(
+            f"checkpoint at step {write.step}: could not write {self.directory}: {reason}; {self._remedy} "
+            "and run again"
+        ) from error
 
     def _rotate(self) -> None:
         """Keep the newest `keep` complete checkpoints (marker and sizes: hashing every kept checkpoint at

@@ -340,6 +340,61 @@ def test_a_newest_shard_zeroed_at_the_same_size_is_skipped_by_name(tmp_path, gro
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010", "step-00000020"]
 
 
+def _save_recording_what_each_rank_hashes(
+    rank: int, store: str, directory: str, results: str, async_save: bool
+) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    hashed: list[str] = []
+    real = checkpoint.file_digest
+
+    def recording(stream):  # the one place checkpoint content is hashed; the stream is a local file here
+        hashed.append(Path(stream.name).name)
+        return real(stream)
+
+    checkpoint.file_digest = recording
+    torch.manual_seed(0)  # the same model on both ranks; DCP spreads the replicated tensors over them
+    module = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    module(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    saver = checkpoint.Checkpointer(
+        Path(directory), every_steps=10, keep=2, rank=rank, world_size=2, async_save=async_save
+    )
+    saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
+    deadline = time.monotonic() + 120
+    while async_save and not checkpoint.path_for(Path(directory), 10).exists():
+        saver.poll()  # as the training loop does every step: rank 0 completes it once rank 1 has hashed
+        assert time.monotonic() < deadline, "the async checkpoint was never put in place by poll()"
+        time.sleep(0.01)
+    saver.close()
+    Path(results, f"rank{rank}.json").write_text(json.dumps(hashed))
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_each_rank_hashes_only_the_files_it_wrote_and_rank_0_merges(tmp_path, async_save):
+    """At scale rank 0 must not re-read the whole checkpoint at every save: each rank hashes its own part."""
+    import torch.multiprocessing as mp
+
+    directory, results = tmp_path / "checkpoints", tmp_path / "results"
+    results.mkdir()
+    args = (str(tmp_path / "store"), str(directory), str(results), async_save)
+    mp.spawn(_save_recording_what_each_rank_hashes, args=args, nprocs=2)
+    hashed = [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
+    final = checkpoint.path_for(directory, 10)
+    written = set(json.loads((final / checkpoint.MARKER).read_text())["files"])
+    assert sorted(p.name for p in final.iterdir()) == sorted({*written, checkpoint.MARKER})  # no digests
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "train.pt"} <= written
+    assert sorted(hashed[1]) == sorted(name for name in written if name.startswith("__1_"))
+    assert sorted(hashed[0]) == sorted(name for name in written if not name.startswith("__1_"))
+    assert checkpoint.verify(final) is None
+    _zero_at_same_size(final / "__1_0.distcp")  # rank 1's digest in the marker is the real one
+    assert checkpoint.verify(final) == (
+        "__1_0.distcp does not have the content that was written (its sha256 differs)"
+    )
+
+
 @pytest.mark.parametrize(
     ("edit", "reason"),
     [
