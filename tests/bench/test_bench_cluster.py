@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_quick_cluster_benchmark_runs_and_prints_every_row(tmp_path):
     results = tmp_path / "results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "cluster", "--pods", "2,3", "--json", str(results)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "cluster", "--pods", "2,4", "--json", str(results)],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -35,5 +35,5 @@ def test_quick_cluster_benchmark_runs_and_prints_every_row(tmp_path):
         ):
             assert (api, command) in commands
     window = {(w["api"], w["pods"]): w["orch"]["requests"] for w in cluster["wait_window"]}
-    assert window[("pytorchjob", 2)] == window[("pytorchjob", 3)]  # watched, not polled per pod
+    assert window[("pytorchjob", 2)] == window[("pytorchjob", 4)]  # watched, not polled per pod
     assert "10. Cluster commands vs kubectl" in proc.stdout
