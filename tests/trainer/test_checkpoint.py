@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from orchestrator import storage
 from orchestrator.trainer import checkpoint, parallel
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -347,8 +348,8 @@ def _save_recording_what_each_rank_hashes(
     hashed: list[str] = []
     real = checkpoint.file_digest
 
-    def recording(stream):  # the one place checkpoint content is hashed; the stream is a local file here
-        hashed.append(Path(stream.name).name)
+    def recording(stream):  # the one place checkpoint content is hashed: a local file or an fsspec file
+        hashed.append(str(getattr(stream, "path", None) or stream.name).rsplit("/", 1)[-1])
         return real(stream)
 
     checkpoint.file_digest = recording
@@ -357,12 +358,13 @@ def _save_recording_what_each_rank_hashes(
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
     module(torch.randn(3, 4)).sum().backward()
     optimizer.step()
+    where = storage.location(directory)  # a local directory or an s3:// URL (test_object_store.py)
     saver = checkpoint.Checkpointer(
-        Path(directory), every_steps=10, keep=2, rank=rank, world_size=2, async_save=async_save
+        where, every_steps=10, keep=2, rank=rank, world_size=2, async_save=async_save
     )
     saver.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
     deadline = time.monotonic() + 120
-    while async_save and not checkpoint.path_for(Path(directory), 10).exists():
+    while async_save and not (checkpoint.path_for(where, 10) / checkpoint.MARKER).exists():
         saver.poll()  # as the training loop does every step: rank 0 completes it once rank 1 has hashed
         assert time.monotonic() < deadline, "the async checkpoint was never put in place by poll()"
         time.sleep(0.01)
@@ -372,17 +374,16 @@ def _save_recording_what_each_rank_hashes(
     os._exit(0)
 
 
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_each_rank_hashes_only_the_files_it_wrote_and_rank_0_merges(tmp_path, async_save):
-    """At scale rank 0 must not re-read the whole checkpoint at every save: each rank hashes its own part."""
+def each_rank_hashes_only_what_it_wrote(directory: str, tmp_path: Path, *, async_save: bool) -> None:
+    """A 2-rank save into `directory`: each rank hashed its own files only, the marker holds them all."""
     import torch.multiprocessing as mp
 
-    directory, results = tmp_path / "checkpoints", tmp_path / "results"
+    results = tmp_path / "results"
     results.mkdir()
-    args = (str(tmp_path / "store"), str(directory), str(results), async_save)
+    args = (str(tmp_path / "store"), directory, str(results), async_save)
     mp.spawn(_save_recording_what_each_rank_hashes, args=args, nprocs=2)
     hashed = [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
-    final = checkpoint.path_for(directory, 10)
+    final = checkpoint.path_for(storage.location(directory), 10)
     written = set(json.loads((final / checkpoint.MARKER).read_text())["files"])
     assert sorted(p.name for p in final.iterdir()) == sorted({*written, checkpoint.MARKER})  # no digests
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "train.pt"} <= written
@@ -393,6 +394,12 @@ def test_each_rank_hashes_only_the_files_it_wrote_and_rank_0_merges(tmp_path, as
     assert checkpoint.verify(final) == (
         "__1_0.distcp does not have the content that was written (its sha256 differs)"
     )
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_each_rank_hashes_only_the_files_it_wrote_and_rank_0_merges(tmp_path, async_save):
+    """At scale rank 0 must not re-read the whole checkpoint at every save: each rank hashes its own part."""
+    each_rank_hashes_only_what_it_wrote(str(tmp_path / "checkpoints"), tmp_path, async_save=async_save)
 
 
 @pytest.mark.parametrize(

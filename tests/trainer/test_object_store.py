@@ -1,7 +1,7 @@
 """Checkpoints and outputs on an object store, against a real S3-compatible server on 127.0.0.1 (moto's
-server mode, tests/s3server.py): write, rotate, resume (also at another world size through `orch run`),
-a kill during a save, a store that throttles (503 SlowDown) and one that dies mid-run, a missing bucket
-and bad credentials at start. Nothing is mocked: HTTP requests to a real server, a real gloo group.
+server mode, tests/s3server.py): write, rotate, resume (also at another world size through `orch run`), a
+2-rank async save hashed by each rank, a kill during a save, a store that throttles (503 SlowDown) and one
+that dies mid-run, a missing bucket and bad credentials at start. Nothing is mocked: HTTP requests to a real server, a real gloo group.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ from torch import nn
 from orchestrator import storage
 from orchestrator.trainer import checkpoint
 from tests.s3server import Throttling, s3_server
-from tests.trainer.test_checkpoint import TRAIN_STATE, full_state, trained
+from tests.trainer.test_checkpoint import (
+    TRAIN_STATE,
+    each_rank_hashes_only_what_it_wrote,
+    full_state,
+    trained,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,6 +93,11 @@ def test_async_saves_land_complete_on_an_s3_store(s3, group):
     store.save(10, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
     store.close()  # waits for the write and writes the marker
     assert checkpoint.verify(storage.location(url) / "step-00000010") is None
+
+
+def test_a_2_rank_async_save_is_hashed_by_each_rank_through_the_store(s3, tmp_path):
+    """Each rank downloads only what it wrote; their digests meet in the store (.orch-digests/RANK.json)."""
+    each_rank_hashes_only_what_it_wrote("s3://bkt/ranks/checkpoints", tmp_path, async_save=True)
 
 
 def test_a_marker_less_prefix_is_not_a_checkpoint_and_the_next_start_removes_it(s3, group):
