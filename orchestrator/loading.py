@@ -398,25 +398,30 @@ def validate(
     if require_image and not job.image:
         raise fail(("image",), "required to render or submit (the training image the pods run)")
     # Where it will run decides what tracking needs: packages here (`orch run`), or a URI the pods can read.
-    if (require_image or local_run) and (found := _tracking_problem(job, local=local_run)):
+    where = "local" if local_run else "cluster" if require_image else "anywhere"
+    if found := _tracking_problem(job, where=where):
         raise fail(tuple(found[0].split(".")), found[1])
     return job
 
 
-def _tracking_problem(job: spec_models.JobSpec, *, local: bool) -> tuple[str, str] | None:
+def _tracking_problem(job: spec_models.JobSpec, *, where: str) -> tuple[str, str] | None:
     """(field, why) when the job's tracking cannot work where it is about to run. local (`orch run`): the
-    packages must be importable here and the URI known from the spec or this shell; in pods, the URI must
-    come from the spec or from the job's env / secret_env, and a file store must outlive the pod."""
-    settings = runtime_env.TrackingSettings.for_job(job, name=job.name, api_kind="")
-    if local and (missing := runtime_env.missing_requirements(settings)):
-        field = "mlflow" if "mlflow" in missing else "tensorboard"
-        return (
-            f"tracking.{field}",
-            f"needs {' and '.join(missing)}, not installed here: {runtime_env.PIP_LINE}",
-        )
-    if local:
+    packages must be importable here and the URI known from the spec or this shell; cluster (pods): the
+    URI must come from the spec or from the job's env / secret_env, and a file store must outlive the pod;
+    anywhere (`orch validate`): the URI known to one of them."""
+    if where == "local":
+        settings = runtime_env.TrackingSettings.for_job(job, name=job.name, api_kind="")
+        if missing := runtime_env.missing_requirements(settings):
+            field = "mlflow" if "mlflow" in missing else "tensorboard"
+            return (
+                f"tracking.{field}",
+                f"needs {' and '.join(missing)}, not installed here: {runtime_env.PIP_LINE}",
+            )
         return job.tracking_problem({**os.environ, **job.env}, in_pod=False)
-    return job.tracking_problem(dict.fromkeys({*job.env, *job.secret_env}, "set"), in_pod=True)
+    in_pods = dict.fromkeys({*job.env, *job.secret_env}, "set")
+    if where == "cluster":
+        return job.tracking_problem(in_pods, in_pod=True)
+    return job.tracking_problem({**os.environ, **in_pods}, in_pod=False)
 
 
 def _data_path(data: Any, error: Mapping[str, Any]) -> FieldPath:

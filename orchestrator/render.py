@@ -33,17 +33,8 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     """The objects that run `spec` on Kubernetes, in apply order: ConfigMap (train jobs only), the job API's
     objects, PodMonitor (when metrics are enabled). `name` overrides spec.name (e.g. a unique submit name);
     `api` overrides spec.api (a registered key, or auto)."""
-    if not spec.image:
-        raise SpecError("required to render or submit (the training image the pods run)", field="image")
-    chosen = resolve_api(spec, api)
-    if chosen not in apis.KEYS:
-        raise SpecError(f"{chosen!r} is not one of {', '.join(apis.CHOICES)}", field="api")
-    job_api = apis.by_key(chosen)
+    job_api = apis.by_key(check(spec, name=name, api=api))
     name = name or spec.name
-    if problem := job_api.spec_problem(spec, name):
-        raise SpecError(problem[1], field=problem[0])
-    if found := spec.tracking_problem(dict.fromkeys({*spec.env, *spec.secret_env}, "set"), in_pod=True):
-        raise SpecError(found[1], field=found[0])
     context = _context(spec, name, job_api)
     objects = []
     if spec.train is not None:
@@ -52,6 +43,22 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     if spec.metrics.enabled:
         objects.append(render_template(PODMONITOR_TEMPLATE, context))
     return objects
+
+
+def check(spec: JobSpec, *, name: str | None = None, api: str | None = None) -> str:
+    """Everything `render` refuses, without rendering: no image, an unknown API, what the API cannot carry
+    (for `name`, default spec.name), tracking the pods cannot do. Returns the API key it checked for;
+    raises SpecError. `orch submit` calls it before it asks the cluster or builds anything."""
+    if not spec.image:
+        raise SpecError("required to render or submit (the training image the pods run)", field="image")
+    chosen = resolve_api(spec, api)
+    if chosen not in apis.KEYS:
+        raise SpecError(f"{chosen!r} is not one of {', '.join(apis.CHOICES)}", field="api")
+    if problem := apis.by_key(chosen).spec_problem(spec, name or spec.name):
+        raise SpecError(problem[1], field=problem[0])
+    if found := spec.tracking_problem(dict.fromkeys({*spec.env, *spec.secret_env}, "set"), in_pod=True):
+        raise SpecError(found[1], field=found[0])
+    return chosen
 
 
 def _context(spec: JobSpec, name: str, job_api: apis.JobAPI) -> dict[str, Any]:

@@ -139,13 +139,11 @@ def job_api_of(objects: Sequence[dict[str, Any]]) -> tuple[JobAPI, dict[str, Any
     return found[0]
 
 
-def preflight(cluster: Cluster, objects: Sequence[dict[str, Any]], *, replace: bool = False) -> None:
+def preflight(cluster: Cluster, api: JobAPI, name: str, *, replace: bool = False) -> None:
     """What `submit` would refuse, asked first: the job's API is served and no job of that name exists
     (unless `replace`). `orch submit --build` calls it before it builds and pushes a multi-GB image."""
-    api, job = job_api_of(prepare(objects, cluster.namespace))
     if not cluster.served(api.resource):
         raise OperatorNotInstalled(not_installed_message(api, cluster.server))
-    name = job["metadata"]["name"]
     if not replace and cluster.find(api.resource, name) is not None:
         raise AlreadyExists(_exists_message(name, cluster.namespace))
 

@@ -76,6 +76,13 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
 @click.command()
 @click.argument("job_file", required=False, type=click.Path(dir_okay=False))
 @click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a field of JOB_FILE, as `orch run --set` does. Repeatable.",
+)
+@click.option(
     "--cluster",
     "check_cluster",
     is_flag=True,
@@ -89,24 +96,28 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
 )
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False), help="kubeconfig file.")
 @output_option("table", "json")
-def doctor(job_file, check_cluster, namespace, kube_context, kubeconfig, output):
+def doctor(job_file, overrides, check_cluster, namespace, kube_context, kubeconfig, output):
     """Check this machine (and with --cluster, the cluster) before you spend GPU hours.
 
     Each check prints OK, WARN or FAIL with a one-line fix; the exit code is 1 if any check fails.
-    With JOB_FILE, also what that job needs here (a C compiler when it sets train.compile).
+    With JOB_FILE (and --set overrides), also what that job needs here (a C compiler when it sets
+    train.compile).
 
     \b
     Example:
       orch doctor
-      orch doctor job.yaml
+      orch doctor job.yaml --set train.compile=true
       orch doctor --cluster -n ml
       orch doctor -o json
     """
     import json
 
     from orchestrator import doctor as doctor_lib
+    from orchestrator.errors import UsageError
 
-    spec = load_job(job_file, ()) if job_file else None
+    if overrides and not job_file:
+        raise UsageError("--set overrides a job file's fields; name the job file (orch doctor JOB --set ...)")
+    spec = load_job(job_file, overrides) if job_file else None
     compiles = bool(spec is not None and spec.train is not None and spec.train.compile)
     checks = doctor_lib.local_checks(compiles=compiles)
     if check_cluster:

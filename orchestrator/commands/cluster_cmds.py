@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -17,8 +17,8 @@ from orchestrator.commands.common import DURATION, job_options, load_job, output
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
-    from orchestrator.cluster import Cluster, Job
-    from orchestrator.spec import JobSpec
+    from orchestrator import api
+    from orchestrator.cluster import Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,14 +72,12 @@ def _cluster_options(fn: F, namespace_help: str) -> F:
     )(fn)
 
 
-def _connect(
-    kubeconfig: str | None, context: str | None, namespace: str | None, job_namespace: str | None = None
-) -> Cluster:
-    from orchestrator import cluster
+def _client(kubeconfig: str | None, context: str | None, namespace: str | None) -> api.Client:
+    """The cluster the flags name (`--request-timeout` is kept in the click context by its callback)."""
+    from orchestrator import api
 
     timeout = click.get_current_context().meta.get(REQUEST_TIMEOUT_KEY)
-    target = cluster.Target(kubeconfig, context, namespace, request_timeout=timeout)
-    return cluster.connect(target, job_namespace=job_namespace)
+    return api.Client(kubeconfig=kubeconfig, context=context, namespace=namespace, request_timeout=timeout)
 
 
 def _warn(message: str) -> None:
@@ -88,69 +86,6 @@ def _warn(message: str) -> None:
 
 def _note(message: str) -> None:
     click.echo(message, err=True)
-
-
-def _build_image(
-    spec: JobSpec,
-    job_file: str,
-    context: str,
-    build_args: tuple[str, ...],
-    tool: str | None,
-    *,
-    dry_run: bool,
-) -> str:
-    """`orch submit --build`: the image the job runs; its reference.
-
-    The trainer image is built and pushed from `context` under a content tag when the context has a
-    Dockerfile (an orch checkout), else the job's `image` is the trainer image as it is. When the job has
-    a workspace (orchestrator/workspace.py), its files go on top as a thin layer, built only when they
-    changed. On a client dry run nothing is built: the commands are printed to stderr and the reference
-    they would push is returned, so the printed objects show the image the job would run.
-    """
-    import os
-    import shlex
-    from pathlib import Path
-
-    from orchestrator import images, workspace
-
-    repository = images.repository(cast(str, spec.image))
-    folder = workspace.resolve(spec, job_file)
-    base = cast(str, spec.image)
-    if folder is None or os.path.isfile(os.path.join(context, "Dockerfile")):
-        request = images.BuildRequest(
-            context=context, image=repository, build_args=images.parse_build_args(build_args), push=True
-        )
-        if dry_run:
-            base, commands = images.plan(request, tool)
-            for argv in commands:
-                _note(shlex.join(argv))
-        else:
-            base = images.build_and_push(request, tool=tool)
-            _note(f"built and pushed {base}")
-    if folder is None:
-        return base
-    if dry_run:
-        ref = images.image_ref(repository, workspace.tag(Path(folder), base))
-        _note(f"workspace {folder}: {len(workspace.files(folder))} files -> {ref} (FROM {base})")
-        return ref
-    layer = workspace.build_layer(folder, base, repository, tool=tool)
-    state = "built" if layer.built else "unchanged, not rebuilt"
-    _note(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
-    return layer.ref
-
-
-def _warn_once(spec: JobSpec, api: str) -> None:
-    """What the job risks on this API (partial scheduling, checkpoints a restart would lose): once, on stderr."""
-    from orchestrator import render
-
-    for message in render.warnings(spec, api):
-        _warn(message)
-
-
-def _ref(obj: dict[str, Any]) -> str:
-    """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
-    group = obj["apiVersion"].rpartition("/")[0]
-    return f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}"
 
 
 @click.command()
@@ -225,53 +160,35 @@ def submit(
       orch submit job.yaml --build --follow     # build, push, run that image
       orch submit job.yaml --api trainjob       # Kubeflow Trainer v2, whatever else is installed
     """
-    from orchestrator import cluster, render
+    from orchestrator import api as orch
+    from orchestrator import render
 
-    spec = load_job(job_file, overrides, require_image=True)
-    wanted = api or spec.api
-    rendered_api = registry.KEYS[0] if wanted == registry.AUTO else wanted  # auto before the cluster is asked
-    objects = render.render(spec, api=rendered_api)  # everything is checked before anything is built or sent
-    warn_missing_code(spec, job_file)
-    if build and dry_run == "client":
-        spec = spec.model_copy(update={"image": _build_image(spec, job_file, build_context, build_args,
-                                                             build_tool, dry_run=True)})  # fmt: skip
-        objects = render.render(spec, api=rendered_api)
+    job = load_job(job_file, overrides, where="cluster")
+    warn_missing_code(job, job_file)
+    client = _client(kubeconfig, context, namespace)
+    build_with = orch.Build(build_context, build_args, build_tool, job_file) if build else None
+    submitted = client.submit(job, api=api, replace=replace, dry_run=dry_run, build=build_with, notice=_note,
+                              warn=_warn)  # fmt: skip
     if dry_run == "client":
-        _warn_once(spec, rendered_api)
-        target = cluster.Target(kubeconfig, context, namespace)
-        prepared = cluster.prepare(objects, cluster.resolve_namespace(target, job_namespace=spec.namespace))
-        click.echo(render.to_yaml(prepared) if output == "yaml" else render.to_json(prepared), nl=False)
+        for message in submitted.warnings:
+            _warn(message)
+        click.echo(render.to_yaml(submitted.objects) if output == "yaml" else render.to_json(submitted.objects),
+                   nl=False)  # fmt: skip
         return 0
-
-    target_cluster = _connect(kubeconfig, context, namespace, spec.namespace)
-    chosen, why = cluster.choose_api(target_cluster, wanted)
-    if wanted == registry.AUTO:
-        _note(f"api: {chosen.key} ({why})")
-    if chosen.key != rendered_api:
-        objects = render.render(spec, api=chosen.key)
-    if build:
-        # The cluster is asked first (served API, no job of that name): a refusal costs no multi-GB build.
-        cluster.preflight(target_cluster, objects, replace=replace)
-        spec = spec.model_copy(update={"image": _build_image(spec, job_file, build_context, build_args,
-                                                             build_tool, dry_run=False)})  # fmt: skip
-        objects = render.render(spec, api=chosen.key)
-    with cluster.signals_interrupt():  # SIGTERM rolls back like Ctrl-C does
-        result = cluster.submit(
-            target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=_warn
-        )
     suffix = " (server dry run)" if dry_run == "server" else ""
-    for ref in result.deleted:
+    for ref in submitted.deleted:
         click.echo(f"{ref} deleted{suffix}")
-    for obj in result.created:
-        click.echo(f"{_ref(obj)} created{suffix}")
-    _warn_once(spec, chosen.key)
+    for ref in submitted.created:
+        click.echo(f"{ref} created{suffix}")
+    for message in submitted.warnings:
+        _warn(message)
     if dry_run == "server":
         return 0
-    name, ns = spec.name, target_cluster.namespace
+    name, ns = submitted.name, submitted.namespace
     if follow:
-        return _follow_to_end(target_cluster, name)
+        return _follow_to_end(client, name)
     if wait_:
-        return _wait(target_cluster, name, timeout=None)
+        return _wait(client, name, timeout=None)
     _note(f"follow it: orch logs {name} -n {ns} -f   |   orch status {name} -n {ns}")
     return 0
 
@@ -293,13 +210,12 @@ def status(
       orch status digits-ddp
       orch status digits-ddp -n research -o json | jq .phase
     """
-    from orchestrator import cluster, top
     from orchestrator import status as job_state
+    from orchestrator import top
 
-    target = _connect(kubeconfig, context, namespace)
-    state = cluster.job_status(target, name)
+    state = _client(kubeconfig, context, namespace).status(name)
     # Where Prometheus is configured (as for `orch top`), the rank every other one waits for, if any.
-    straggler = top.find_straggler(name, namespace=target.namespace)
+    straggler = top.find_straggler(name, namespace=state.namespace)
     document = {**state.to_dict(), **({"straggler": straggler.to_dict()} if straggler else {})}
     if output == "table":
         click.echo(job_state.format_status(state))
@@ -328,14 +244,9 @@ def list_jobs(
       orch list -A -o wide
       orch list -o json | jq -r '.[] | select(.phase == "Failed") | .name'
     """
-    import datetime
-
-    from orchestrator import cluster
     from orchestrator import status as job_state
 
-    jobs = cluster.list_jobs(_connect(kubeconfig, context, namespace), all_namespaces=all_namespaces)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    rows = [job_state.list_row(job.api, job.obj, now) for job in jobs]
+    rows = _client(kubeconfig, context, namespace).list(all_namespaces=all_namespaces)
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
@@ -401,12 +312,9 @@ def logs(
       orch logs big-job --ranks 0-63 --max-log-requests 64 -f
       orch logs digits-ddp --since 10m | grep loss
     """
-    from orchestrator import cluster
-
     if sum(x is not None and x is not False for x in (rank, pod, ranks, every or None)) > 1:
         raise UsageError("--rank, --ranks, --all and --pod select the same thing; use one of them")
-    cluster.stream_logs(
-        _connect(kubeconfig, context, namespace),
+    _client(kubeconfig, context, namespace).logs(
         name,
         emit=_print_line,
         notice=_note,
@@ -438,7 +346,7 @@ def wait(
     Example:
       orch wait digits-ddp --timeout 2h && echo trained
     """
-    return _wait(_connect(kubeconfig, context, namespace), name, timeout=timeout)
+    return _wait(_client(kubeconfig, context, namespace), name, timeout=timeout)
 
 
 @click.command()
@@ -455,9 +363,7 @@ def delete(
     Example:
       orch delete digits-ddp --wait
     """
-    from orchestrator import cluster
-
-    job = cluster.delete_job(_connect(kubeconfig, context, namespace), name, wait=wait_, timeout=timeout)
+    job = _client(kubeconfig, context, namespace).delete(name, wait=wait_, timeout=timeout)
     for deleted in (job.ref, *job.companions):
         click.echo(f"{deleted} deleted")
     for unchecked in job.unchecked:
@@ -467,20 +373,19 @@ def delete(
 # --- shared by submit/wait ---------------------------------------------------------------------------------
 
 
-def _wait(target: Cluster, name: str, *, timeout: int | None) -> int:
-    from orchestrator import cluster
+def _wait(client: api.Client, name: str, *, timeout: int | None) -> int:
+    from orchestrator import api as orch
 
-    job = cluster.wait_for(target, name, timeout=timeout, on_phase=lambda phase: _note(f"{name}: {phase}"))
-    if job is None:
-        _note(f"timed out after {timeout}s waiting for job {name}")
+    try:
+        job = client.wait(name, timeout=timeout, on_phase=lambda phase: _note(f"{name}: {phase}"))
+    except orch.WaitTimeout as timed_out:
+        _note(str(timed_out))
         return EXIT_TIMEOUT
     return _outcome(job)
 
 
-def _follow_to_end(target: Cluster, name: str) -> int:
-    from orchestrator import cluster
-
-    job = cluster.stream_logs(target, name, emit=_print_line, notice=_note, follow=True)
+def _follow_to_end(client: api.Client, name: str) -> int:
+    job = client.logs(name, emit=_print_line, notice=_note, follow=True)
     if job is None:
         return 1
     return _outcome(job)

@@ -10,6 +10,7 @@ import click
 from orchestrator.apis import registry
 
 if TYPE_CHECKING:
+    from orchestrator import api
     from orchestrator.spec import JobSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,13 +62,12 @@ def output_option(*choices: str, default: str | None = None) -> Callable[[F], F]
     return decorate
 
 
-def load_job(
-    job_file: str, overrides: tuple[str, ...], *, require_image: bool = False, local_run: bool = False
-) -> JobSpec:
-    """Load and validate a job file for a command; raises SpecError (exit 2) on any problem."""
-    from orchestrator import loading
+def load_job(job_file: str, overrides: tuple[str, ...], *, where: api.Where = "anywhere") -> JobSpec:
+    """Load and validate a job file for a command (orchestrator.api.load_job); SpecError (exit 2) on any
+    problem. `where`: what runs it next (cluster: render and submit; local: `orch run`)."""
+    from orchestrator import api as orch
 
-    return loading.load_job(job_file, overrides, require_image=require_image, local_run=local_run)
+    return orch.load_job(job_file, overrides, where=where)
 
 
 def warn_missing_code(spec: JobSpec, job_file: str) -> None:

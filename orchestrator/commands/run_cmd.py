@@ -5,11 +5,14 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator.commands.common import job_options, load_job
+
+if TYPE_CHECKING:
+    from orchestrator.local import LocalPlan
 
 
 @click.command()
@@ -49,39 +52,38 @@ def run(
       orch run examples/gpt.yaml --procs 1 --steps 20 --out runs/gpt-smoke
       orch run job.yaml --set train.precision=bf16 --set train.optimizer.lr=1e-3
     """
-    from orchestrator import local
+    from orchestrator import api, local
     from orchestrator.runtime_env import TENSORBOARD_SUBDIR
 
-    spec = load_job(job_file, overrides, local_run=True)
-    plan = local.plan(spec, procs=procs, steps=steps, output_dir=output_dir)
-    what = (
-        f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
-        f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, {plan.train.precision}, "
-        f"{plan.train.parallel}"
-        if plan.train
-        else " ".join(plan.command or [])
-    )
-    for warning in local.check_devices(plan):
-        click.echo(f"warning: {warning}", err=True)
-    local.check_store(plan)
-    with local.claim(plan) as claimed:
-        kept = f" (checkpoints, model, summary: {plan.output_url}/)" if plan.output_url else ""
-        click.echo(f"orch run {spec.name}: {what} -> {claimed.output_dir}/{kept}")
+    spec = load_job(job_file, overrides, where="local")
+    claimed: list[Path] = []
+
+    def started(plan: LocalPlan, output_dir: Path) -> None:
+        claimed.append(output_dir)
+        what = (
+            f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
+            f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, "
+            f"{plan.train.precision}, {plan.train.parallel}"
+            if plan.train
+            else " ".join(plan.command or [])
+        )
+        click.echo(f"orch run {spec.name}: {what} -> {output_dir}/")
         if spec.tracking.tensorboard:
-            click.echo(f"tensorboard --logdir {claimed.output_dir / TENSORBOARD_SUBDIR}")
-        try:
-            summary = local.run(claimed, progress_bar=sys.stdout.isatty())
-        except local.RunInterrupted as stopped:
-            if stopped.stopped_at is None:
-                raise
-            again = resume_command(job_file, overrides, procs, steps, claimed.output_dir)
-            raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
-    if summary is not None:
-        click.echo(format_summary(summary))
-        if (spec.tracking.tensorboard or spec.tracking.mlflow) and (
-            links := local.tracking_links(claimed.output_dir)
-        ):
-            click.echo(format_links(links))
+            click.echo(f"tensorboard --logdir {output_dir / TENSORBOARD_SUBDIR}")
+
+    try:
+        result = api.run_local(spec, procs=procs, steps=steps, output_dir=output_dir,
+                               progress_bar=sys.stdout.isatty(), notice=started,
+                               warn=lambda message: click.echo(f"warning: {message}", err=True))  # fmt: skip
+    except local.RunInterrupted as stopped:
+        if stopped.stopped_at is None or not claimed:
+            raise
+        again = resume_command(job_file, overrides, procs, steps, claimed[0])
+        raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
+    if result.summary is not None:
+        click.echo(format_summary(result.summary))
+        if result.links:
+            click.echo(format_links(result.links))
 
 
 def resume_command(

@@ -101,17 +101,40 @@ def yaml_scalar(value: str) -> str:
 
 @click.command()
 @job_options
-def validate(job_file: str, overrides: tuple[str, ...]) -> None:
-    """Check a job file and summarise what it will run.
+@output_option("text", "json")
+def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
+    """Check a job file and summarise what it will run: the checks every command runs before it does
+    anything (the spec's rules, its `api:`'s, what tracking needs where it may run).
 
-    Exit code 2 and one line `FILE:LINE:COL: field: problem` when something is wrong.
+    Exit code 2 and one line `FILE:LINE:COL: field: problem` when something is wrong. `-o json` prints one
+    object either way: {"ok": true, "name", "summary", "job"} or {"ok": false, "error", "file", "line",
+    "column", "field", "message"} (exit code 2), for editors and pipelines.
 
     \b
     Example:
       orch validate examples/gpt-multinode.yaml
       orch validate job.yaml --set nodes=4 --set train.micro_batch_size=16
+      orch validate job.yaml -o json | jq .summary
     """
-    spec = load_job(job_file, overrides)
+    import json
+
+    from orchestrator.errors import SpecError
+
+    try:
+        spec = load_job(job_file, overrides)
+    except SpecError as error:
+        if output != "json":
+            raise
+        found = {"ok": False, "error": str(error), "file": error.file, "line": error.line,
+                 "column": error.column, "field": error.field, "message": error.reason}  # fmt: skip
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return error.exit_code
+    warn_missing_code(spec, job_file)
+    if output == "json":
+        valid = {"ok": True, "file": job_file, "name": spec.name, "summary": summary(spec),
+                 "job": spec.model_dump(mode="json", by_alias=True)}  # fmt: skip
+        click.echo(json.dumps(valid, indent=2, ensure_ascii=False))
+        return 0
     click.echo(f"OK {job_file}: {spec.name}")
     for line in summary(spec):
         click.echo(f"  {line}")
@@ -120,7 +143,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     if (folder := workspace.resolve(spec, job_file)) is not None:
         shipped = len(workspace.files(folder)) if folder.is_dir() else 0
         click.echo(f"  workspace: {folder} ({shipped} files; orch submit --build ships them over the image)")
-    warn_missing_code(spec, job_file)
+    return 0
 
 
 def summary(spec: JobSpec) -> list[str]:
@@ -165,10 +188,11 @@ def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: s
       orch render job.yaml --set nodes=4 -o json
       orch render job.yaml --api trainjob | kubectl apply -f -
     """
+    from orchestrator import api as orch
     from orchestrator import render as rendering
 
     # --api as an override: what the chosen API cannot carry is reported at its line in the file.
-    spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, require_image=True)
-    objects = rendering.render(spec)
+    spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, where="cluster")
+    objects = orch.render(spec)
     warn_missing_code(spec, job_file)
     click.echo(rendering.to_yaml(objects) if output == "yaml" else rendering.to_json(objects), nl=False)

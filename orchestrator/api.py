@@ -1,0 +1,353 @@
+"""orch from Python: every operation an `orch` command performs, for notebooks, pipelines and sweeps.
+
+    from orchestrator import api
+
+    job = api.load_job("job.yaml", overrides=["nodes=2"])
+    client = api.Client()                      # the cluster and namespace kubectl points at
+    submitted = client.submit(job)             # validated, rendered once, created all or nothing
+    finished = client.wait(submitted.name, timeout=3600)
+    print(finished.phase)                      # Succeeded | Failed
+
+The `orch` commands are this module with flags and printing around it. Errors are `OrchError`s
+(orchestrator.errors; `SpecError` for a bad job, the `ClusterError`s of orchestrator.cluster): one line,
+the same the CLI prints. Nothing here prints; what a command shows while it works (the API chosen, a
+build's commands, warnings) comes through the `notice` and `warn` callbacks, silent by default.
+Only the stdlib is imported up front; the cluster client, Jinja2 and pydantic when first used.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from orchestrator.errors import OrchError
+
+if TYPE_CHECKING:
+    from orchestrator.cluster import Cluster, Job, Target
+    from orchestrator.local import LocalPlan
+    from orchestrator.spec import JobSpec
+    from orchestrator.status import JobStatus
+
+__all__ = [
+    "Build",
+    "Client",
+    "LocalRun",
+    "Submitted",
+    "WaitTimeout",
+    "load_job",
+    "render",
+    "run_local",
+    "validate",
+]
+
+Where = Literal["anywhere", "cluster", "local"]
+Callback = Callable[[str], None]
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+class WaitTimeout(OrchError):
+    """`Client.wait` gave up before the job finished (`orch wait` exits 124, like timeout(1))."""
+
+    exit_code = 124
+
+
+# --- a job: load, validate, render ------------------------------------------------------------------------
+
+
+def load_job(
+    source: str | Path | Mapping[str, Any], overrides: Sequence[str] = (), *, where: Where = "anywhere"
+) -> JobSpec:
+    """A validated job from a job file (path) or its contents (a mapping), with `--set`-style overrides
+    ("nodes=4", "train.optimizer.lr=1e-3"). One validation path, whatever runs the job next: the spec's
+    rules, the API's (`api:`), and what tracking needs where it will run (`where`): "cluster" (render and
+    submit: an image, an MLflow server named in the spec or the job's env), "local" (`orch run`: the
+    tracking packages here, the server in the spec or this shell), "anywhere" (`orch validate`: what both
+    of those require, the server known to either). Raises SpecError: `FILE:LINE:COL: field: problem`."""
+    from orchestrator import loading
+
+    require_image, local_run = where == "cluster", where == "local"
+    if isinstance(source, Mapping):
+        import copy
+
+        data = copy.deepcopy(dict(source))
+        origins = loading.apply_overrides(data, overrides)
+        return loading.validate(data, file="<job>", positions={}, origins=origins,
+                                require_image=require_image, local_run=local_run)  # fmt: skip
+    return loading.load_job(source, overrides, require_image=require_image, local_run=local_run)
+
+
+def validate(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> JobSpec:
+    """`load_job(..., where="anywhere")`: what `orch validate` checks."""
+    return load_job(source, overrides, where="anywhere")
+
+
+def render(job: JobSpec, *, api: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+    """The objects `submit` would create, as plain dicts in apply order (`orch render`); no cluster is asked,
+    so `api: auto` renders the first registered API. `name` renames the job (e.g. a sweep's trial)."""
+    from orchestrator import render as rendering
+
+    return rendering.render(job, api=api, name=name)
+
+
+# --- run on this machine --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What `run_local` did: where it wrote, and the result (summary.json; None when the run failed)."""
+
+    output_dir: Path
+    summary: dict[str, Any] | None
+    links: dict[str, str] = field(
+        default_factory=dict
+    )  # where tracking recorded the run (mlflow, tensorboard)
+
+
+def run_local(
+    job: JobSpec,
+    *,
+    procs: int | None = None,
+    steps: int | None = None,
+    output_dir: str | Path | None = None,
+    progress_bar: bool = False,
+    notice: Callable[[LocalPlan, Path], None] | None = None,
+    warn: Callback = _silent,
+) -> LocalRun:
+    """Train `job` here (`orch run`): torchrun's launcher, gloo on CPU or one process per local GPU.
+    `notice(plan, output_dir)` is called once the output dir is claimed, before training starts."""
+    from orchestrator import local
+
+    plan = local.plan(
+        job, procs=procs, steps=steps, output_dir=None if output_dir is None else str(output_dir)
+    )
+    for warning in local.check_devices(plan):
+        warn(warning)
+    with local.claim(plan) as claimed:
+        if notice is not None:
+            notice(plan, claimed.output_dir)
+        summary = local.run(claimed, progress_bar=progress_bar)
+    tracked = job.tracking.tensorboard or job.tracking.mlflow is not None
+    links = local.tracking_links(claimed.output_dir) if summary is not None and tracked else {}
+    return LocalRun(claimed.output_dir, summary, links)
+
+
+# --- on a cluster ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Build:
+    """`submit(build=...)`: build and push the job's image first (and its workspace as a thin layer)."""
+
+    context: str = "."  # the trainer image's build context (used when it holds a Dockerfile)
+    build_args: Sequence[str] = ()  # KEY=VALUE
+    tool: str | None = None  # docker | podman | buildah; None: the first one found
+    job_file: str | Path = "job.yaml"  # its folder is the default workspace (orchestrator/workspace.py)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What `Client.submit` did. `objects`: what was sent (or, on a client dry run, would be)."""
+
+    name: str
+    namespace: str
+    api: str
+    objects: list[dict[str, Any]]
+    created: list[str] = field(default_factory=list)  # kubectl refs: pytorchjob.kubeflow.org/demo
+    deleted: list[str] = field(default_factory=list)  # what `replace` deleted first
+    warnings: list[str] = field(
+        default_factory=list
+    )  # what the job risks (partial scheduling, lost checkpoints)
+
+
+class Client:
+    """One cluster, chosen like kubectl does: `kubeconfig` (default $KUBECONFIG, ~/.kube/config, in-cluster),
+    `context`, `namespace` (default: the job file's, else the context's, else "default"). Connects on first
+    use; `request_timeout` bounds each API call, retries included (None: $ORCH_REQUEST_TIMEOUT, else 60 s)."""
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        request_timeout: float | None = None,
+    ) -> None:
+        self.kubeconfig, self.context, self.namespace = kubeconfig, context, namespace
+        self.request_timeout = request_timeout
+        self._clusters: dict[str | None, Cluster] = {}
+
+    def cluster(self, job_namespace: str | None = None) -> Cluster:
+        """The connection (in the job's namespace when `namespace` was not given), made once."""
+        from orchestrator import cluster
+
+        if job_namespace not in self._clusters:
+            self._clusters[job_namespace] = cluster.connect(self._target(), job_namespace=job_namespace)
+        return self._clusters[job_namespace]
+
+    def submit(
+        self,
+        job: JobSpec,
+        *,
+        api: str | None = None,
+        replace: bool = False,
+        dry_run: str | None = None,
+        build: Build | None = None,
+        notice: Callback = _silent,
+        warn: Callback = _silent,
+    ) -> Submitted:
+        """Create `job` on the cluster: its job object (`api`, else the job's `api:`; auto asks the cluster
+        which API it serves) and what it owns; all or nothing (a failed or interrupted create deletes what
+        was created). Everything is checked before anything is built or sent, and the job is rendered once,
+        with the image `build` pushed. `replace` deletes a job of that name first. dry_run "client" contacts
+        nothing (auto: the first registered API) and returns the objects; "server" lets the API server check
+        them without storing anything. `notice` hears progress (the API chosen, a build), `warn` what the
+        cluster lacks (a PodMonitor CRD); what the job itself risks is in the result's `warnings`."""
+        from orchestrator import apis, cluster
+        from orchestrator import render as rendering
+
+        wanted = api or job.api
+        chosen = rendering.check(job, api=wanted)  # a bad job stops here: nothing is asked, built or sent
+        if dry_run == "client":
+            namespace = cluster.resolve_namespace(self._target(), job_namespace=job.namespace)
+        else:
+            target_cluster = self.cluster(job.namespace)
+            job_api, why = cluster.choose_api(target_cluster, wanted)
+            namespace = target_cluster.namespace
+            if wanted == apis.AUTO:
+                notice(f"api: {job_api.key} ({why})")
+            if job_api.key != chosen:
+                chosen = rendering.check(job, api=job_api.key)
+        if build is not None:
+            if dry_run != "client":  # a refusal (API not served, the name taken) costs no multi-GB build
+                cluster.preflight(target_cluster, apis.by_key(chosen), job.name, replace=replace)
+            image = _build_image(job, build, dry_run=dry_run == "client", notice=notice)
+            job = job.model_copy(update={"image": image})
+        objects = rendering.render(job, api=chosen)
+        warnings = rendering.warnings(job, chosen)
+        if dry_run == "client":
+            return Submitted(
+                job.name, namespace, chosen, cluster.prepare(objects, namespace), warnings=warnings
+            )
+        with cluster.signals_interrupt():  # SIGTERM rolls back like Ctrl-C does
+            result = cluster.submit(
+                target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=warn
+            )
+        return Submitted(
+            job.name,
+            namespace,
+            chosen,
+            result.created,
+            created=[_ref(obj) for obj in result.created],
+            deleted=list(result.deleted),
+            warnings=warnings,
+        )
+
+    def status(self, name: str) -> JobStatus:
+        """The job's phase, replicas, pods and recent warnings (`orch status`)."""
+        from orchestrator import cluster
+
+        return cluster.job_status(self.cluster(), name)
+
+    def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""
+        import datetime
+
+        from orchestrator import cluster, status
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return [
+            status.list_row(job.api, job.obj, now)
+            for job in cluster.list_jobs(self.cluster(), all_namespaces=all_namespaces)
+        ]
+
+    def logs(
+        self,
+        name: str,
+        *,
+        emit: Callable[[str, str], None],
+        follow: bool = False,
+        notice: Callback = _silent,
+        **selection: Any,
+    ) -> Job | None:
+        """The training container's log of the job's pods as `emit(label, line)` (label: master-0, worker-2,
+        node-1); with `follow`, until the job ends (returns it; None if it was deleted). `selection`: which
+        pods and lines, as `orch logs` takes them (rank, ranks, pod, every, tail, since_seconds,
+        max_requests; orchestrator.cluster.stream_logs)."""
+        from orchestrator import cluster
+
+        return cluster.stream_logs(self.cluster(), name, emit=emit, notice=notice, follow=follow, **selection)
+
+    def wait(self, name: str, *, timeout: float | None = None, on_phase: Callback = _silent) -> Job:
+        """Block until the job Succeeded or Failed and return it (`.phase`, `.condition`); WaitTimeout after
+        `timeout` seconds (None: never). `on_phase(phase)` hears every change."""
+        from orchestrator import cluster
+
+        job = cluster.wait_for(self.cluster(), name, timeout=timeout, on_phase=on_phase)
+        if job is None:
+            raise WaitTimeout(f"timed out after {timeout:g}s waiting for job {name}")
+        return job
+
+    def delete(self, name: str, *, wait: bool = False, timeout: float = 600) -> Job:
+        """Delete the job and everything submitted with it; `wait`: return once its pods are gone."""
+        from orchestrator import cluster
+
+        return cluster.delete_job(self.cluster(), name, wait=wait, timeout=timeout)
+
+    def _target(self) -> Target:
+        from orchestrator import cluster
+
+        return cluster.Target(
+            self.kubeconfig, self.context, self.namespace, request_timeout=self.request_timeout
+        )
+
+
+def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback) -> str:
+    """The image the job runs, built and pushed; its reference.
+
+    The trainer image is built and pushed from `build.context` under a content tag when the context has a
+    Dockerfile (an orch checkout), else the job's `image` is the trainer image as it is. When the job has
+    a workspace (orchestrator/workspace.py), its files go on top as a thin layer, built only when they
+    changed. On a client dry run nothing is built: the commands go to `notice` and the reference they
+    would push is returned, so the objects show the image the job would run."""
+    from orchestrator import images, workspace
+
+    repository = images.repository(job.image or "")
+    folder = workspace.resolve(job, build.job_file)
+    base = job.image or ""
+    if folder is None or os.path.isfile(os.path.join(build.context, "Dockerfile")):
+        request = images.BuildRequest(
+            context=build.context,
+            image=repository,
+            build_args=images.parse_build_args(build.build_args),
+            push=True,
+        )
+        if dry_run:
+            base, commands = images.plan(request, build.tool)
+            for argv in commands:
+                notice(shlex.join(argv))
+        else:
+            base = images.build_and_push(request, tool=build.tool)
+            notice(f"built and pushed {base}")
+    if folder is None:
+        return base
+    if dry_run:
+        ref = images.image_ref(repository, workspace.tag(Path(folder), base))
+        notice(f"workspace {folder}: {len(workspace.files(folder))} files -> {ref} (FROM {base})")
+        return ref
+    layer = workspace.build_layer(folder, base, repository, tool=build.tool)
+    state = "built" if layer.built else "unchanged, not rebuilt"
+    notice(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
+    return layer.ref
+
+
+def _ref(obj: dict[str, Any]) -> str:
+    """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}"
