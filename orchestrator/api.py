@@ -235,6 +235,7 @@ class Client:
             return Submitted(
                 job.name, namespace, chosen, cluster.prepare(objects, namespace), warnings=warnings
             )
+        kinds = cluster.submittable()
         with cluster.signals_interrupt():  # SIGTERM rolls back like Ctrl-C does
             result = cluster.submit(
                 target_cluster, objects, replace=replace, dry_run=dry_run == "server", warn=warn
@@ -244,7 +245,7 @@ class Client:
             namespace,
             chosen,
             result.created,
-            created=[_ref(obj) for obj in result.created],
+            created=[kinds[obj["kind"]].ref(obj["metadata"]["name"]) for obj in result.created],
             deleted=list(result.deleted),
             warnings=warnings,
         )
@@ -345,9 +346,3 @@ def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback)
     state = "built" if layer.built else "unchanged, not rebuilt"
     notice(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
     return layer.ref
-
-
-def _ref(obj: dict[str, Any]) -> str:
-    """kubectl's way to name an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
-    group = obj["apiVersion"].rpartition("/")[0]
-    return f"{obj['kind'].lower()}{'.' + group if group else ''}/{obj['metadata']['name']}"

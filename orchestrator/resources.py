@@ -16,6 +16,10 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def ref(self, name: str) -> str:
+        """kubectl's name for one object of this kind: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
+        return f"{self.kind.lower()}{'.' + self.group if self.group else ''}/{name}"
+
     def __str__(self) -> str:  # how kubectl and RBAC name it: pytorchjobs.kubeflow.org, configmaps
         return f"{self.plural}.{self.group}" if self.group else self.plural
 

@@ -40,6 +40,7 @@ from orchestrator.cluster.objects import (
     prepare,
     signals_interrupt,
     submit,
+    submittable,
 )
 from orchestrator.resources import Resource
 
@@ -68,6 +69,7 @@ __all__ = [
     "poll_seconds",
     "preflight",
     "prepare",
+    "submittable",
     "resolve_namespace",
     "signals_interrupt",
     "stream_logs",

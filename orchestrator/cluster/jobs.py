@@ -49,8 +49,7 @@ class Job:
     @property
     def ref(self) -> str:
         """kubectl's name for it: pytorchjob.kubeflow.org/demo."""
-        resource = self.api.resource
-        return f"{resource.kind.lower()}.{resource.group}/{self.name}"
+        return self.api.resource.ref(self.name)
 
 
 def locate(cluster: Cluster, name: str, apis: tuple[JobAPI, ...] | None = None) -> Job:
@@ -231,9 +230,7 @@ def delete_companions(cluster: Cluster, job: Job) -> None:
                 cluster.delete(resource, name)
             except NotFound:
                 continue  # gone meanwhile
-            job.companions.append(
-                f"{resource.kind.lower()}{'.' + resource.group if resource.group else ''}/{name}"
-            )
+            job.companions.append(resource.ref(name))
 
 
 def _submission(obj: dict[str, Any]) -> str | None:

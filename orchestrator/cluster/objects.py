@@ -125,11 +125,6 @@ def _signals_deferred() -> Iterator[list[int]]:
             signal.signal(s, h)
 
 
-def ref(resource: Resource, name: str) -> str:
-    """kubectl's name for an object: pytorchjob.kubeflow.org/demo, configmap/demo-config."""
-    return f"{resource.kind.lower()}{'.' + resource.group if resource.group else ''}/{name}"
-
-
 def job_api_of(objects: Sequence[dict[str, Any]]) -> tuple[JobAPI, dict[str, Any]]:
     """The one job among the rendered objects, and its API."""
     found = [(api, o) for o in objects for api in all_apis() if o.get("kind") == api.resource.kind]
@@ -198,7 +193,7 @@ def submit(
                 jobs.delete(cluster, api, name, wait=True, timeout=replace_timeout)
                 _wait_gone(cluster, [(kinds[o["kind"]], o) for o in objects if kinds[o["kind"]] in api.before],
                            timeout=replace_timeout)  # fmt: skip
-        result.deleted.append(ref(api.resource, name))
+        result.deleted.append(api.resource.ref(name))
     replaced_uid = _uid(existing) if dry_run else None
 
     for obj in objects:
@@ -293,7 +288,7 @@ def _create(
             return obj  # validated; it would be created once the replaced job and what it owns are gone
         raise AlreadyExists(
             f"{e} and was not created by this submit; remove it "
-            f"({cluster.kubectl('delete', ref(resource, name))}) or choose another job name"
+            f"({cluster.kubectl('delete', resource.ref(name))}) or choose another job name"
         ) from e
     return _as_created(obj, answer)
 
@@ -364,12 +359,12 @@ def _roll_back(
         for resource, name in doomed:
             try:
                 cluster.delete(resource, name)
-                undone.append(ref(resource, name))
+                undone.append(resource.ref(name))
             except NotFound:
                 if (resource, name) != in_flight:
-                    undone.append(ref(resource, name))
+                    undone.append(resource.ref(name))
             except ClusterError:
-                left.append(ref(resource, name))
+                left.append(resource.ref(name))
     notes = [f"rolled back: deleted {', '.join(undone)}"] if undone else []
     if left:
         them = "them" if len(left) > 1 else "it"
