@@ -114,7 +114,8 @@ def probe_torch(python: str = sys.executable, timeout: float = 120.0) -> dict[st
     if result.returncode != 0 or not lines:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"the torch probe exited {result.returncode}: {last}"}
-    return json.loads(lines[-1])
+    probe: dict[str, Any] = json.loads(lines[-1])  # TORCH_PROBE prints one JSON object
+    return probe
 
 
 def probe_nvml(nvml: Any = None) -> GpuFacts:

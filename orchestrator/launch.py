@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    args = torchrun.parse_args(argv)
+    args = torchrun.parse_args(argv)  # type: ignore[no-untyped-call]  # torch.distributed.run is untyped
     count = None
     if limit := os.environ.get(ENV_RETRY_LIMIT):
         count, refused = count_start(
@@ -132,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _raise_signal)
     try:
-        torchrun.run(args)
+        torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
     except ChildFailedError as error:
         code = exit_code(error.failures)
-        print(error.format_msg(), file=sys.stderr)  # what torchrun's @record prints: each failed rank
+        # What torchrun's @record prints: each failed rank. (torch's elastic errors are untyped.)
+        print(error.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
         print(f"orch: a worker failed; exit code {code} ({_meaning(code)})", file=sys.stderr, flush=True)
         return code
     except SignalException as error:

@@ -150,9 +150,10 @@ def _output_on_volume(spec: JobSpec) -> bool:
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
     """Multi-document YAML, keys in render order (what `kubectl apply -f -` reads)."""
-    return _yaml().dump_all(
+    text: str = _yaml().dump_all(
         objects, Dumper=_dumper(), sort_keys=False, allow_unicode=True, default_flow_style=False, width=100
     )
+    return text
 
 
 def _yaml() -> Any:

@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator import runtime_env
 from orchestrator.errors import OrchError, UsageError
@@ -105,7 +106,8 @@ def local_exporter_url(port: int | None, job: str | None = None) -> str:
 def _get(url: str, timeout: float) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
+            body: bytes = response.read()
+            return body
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:200].replace("\n", " ")
         raise TopError(f"{url.split('?')[0]}: HTTP {error.code} {detail}") from error
@@ -341,7 +343,7 @@ def format_table(rows: list[Row]) -> str:
     )
 
 
-def rows_json(rows: list[Row]) -> list[dict]:
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     return [asdict(row) for row in rows]
 
 
@@ -527,7 +529,7 @@ def format_summary(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-def summary_json(summary: Summary) -> dict:
+def summary_json(summary: Summary) -> dict[str, Any]:
     return asdict(summary)
 
 
@@ -546,7 +548,7 @@ class Straggler:
     seconds: float
     median_seconds: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def line(self, job: str) -> str:

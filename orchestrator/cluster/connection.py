@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
@@ -52,7 +52,8 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
         if target.context:
             raise KubeconfigError(f"--context {target.context} needs a kubeconfig, and none was found")
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            # kubernetes' config loaders are untyped
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException as e:
             raise KubeconfigError(
                 "no kubeconfig found (looked at --kubeconfig, $KUBECONFIG, ~/.kube/config) "
@@ -71,7 +72,7 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
         errors = _LoggedErrors()
         try:
             with errors.captured():
-                config.load_kube_config(
+                config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped, as above
                     config_file=path,
                     context=target.context,
                     client_configuration=configuration,
@@ -267,7 +268,7 @@ def _check_shape(
 ) -> None:
     """What orch and the client read must have the kubeconfig's shape, else one line naming the field."""
 
-    def fail(path: tuple[str | int, ...], problem: str) -> None:
+    def fail(path: tuple[str | int, ...], problem: str) -> NoReturn:
         line, column = next(
             (positions[path[:n]] for n in range(len(path), -1, -1) if path[:n] in positions), (1, 1)
         )

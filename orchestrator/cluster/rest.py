@@ -51,7 +51,7 @@ class Rest:
         )  # fmt: skip
         response = self.api_client.call_api(*request, _request_timeout=timeout)
         if not 200 <= response.status <= 299:
-            response.read()
+            response.read()  # type: ignore[no-untyped-call]  # kubernetes' RESTResponse is untyped
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return response.response
 

@@ -41,7 +41,16 @@ from orchestrator.commands.common import load_job, output_option
     help="Dockerfile [default: CONTEXT/Dockerfile]; images/cpu/Dockerfile for the CPU image.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the commands instead of running them.")
-def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
+def build(
+    context: str,
+    image: str | None,
+    tag: str | None,
+    push: bool,
+    tool: str | None,
+    build_args: tuple[str, ...],
+    dockerfile: str | None,
+    dry_run: bool,
+) -> None:
     """Build the training image (and push it); print the full image reference last.
 
     The build log goes to stderr and the reference to stdout, so scripts can capture it.
@@ -96,7 +105,15 @@ def build(context, image, tag, push, tool, build_args, dockerfile, dry_run):
 )
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False), help="kubeconfig file.")
 @output_option("table", "json")
-def doctor(job_file, overrides, check_cluster, namespace, kube_context, kubeconfig, output):
+def doctor(
+    job_file: str | None,
+    overrides: tuple[str, ...],
+    check_cluster: bool,
+    namespace: str | None,
+    kube_context: str | None,
+    kubeconfig: str | None,
+    output: str,
+) -> int:
     """Check this machine (and with --cluster, the cluster) before you spend GPU hours.
 
     Each check prints OK, WARN or FAIL with a one-line fix; the exit code is 1 if any check fails.

@@ -15,8 +15,13 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+if TYPE_CHECKING:
+    _IntParamType = click.ParamType[int]
+else:
+    _IntParamType = click.ParamType  # generic only from click 8.4 on; pyproject allows 8.1
 
-class Duration(click.ParamType):
+
+class Duration(_IntParamType):
     """`90s`, `10m`, `2h`, `1d`, `1w`, `1h30m`, or a number of seconds: the job file's duration parser."""
 
     name = "duration"

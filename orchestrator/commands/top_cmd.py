@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from orchestrator.commands.common import output_option
+
+if TYPE_CHECKING:
+    from orchestrator.top import Row, Summary
 
 
 @click.command()
@@ -94,7 +99,7 @@ def top(
 
     previous = None
 
-    def snapshot() -> tuple[list, object]:
+    def snapshot() -> tuple[list[Row], Summary | None]:
         nonlocal previous
         if base is not None:
             rows = top_lib.from_prometheus(base, name, namespace=namespace)
@@ -106,17 +111,17 @@ def top(
         rows, previous = top_lib.from_exporters(urls, name, previous=previous, interval=min(interval, 1.0))
         return rows, top_lib.summary_from_rows(name, rows, worst=worst)
 
-    def view(rows: list, summary: object) -> str:
+    def view(rows: list[Row], summary: Summary | None) -> str:
         if not rows:
             return f"no metrics for job {name!r} yet"
         ranks = len([r for r in rows if r.rank is not None])
         if every or summary is None or ranks <= top_lib.TABLE_RANKS:
             return top_lib.format_table(rows)
-        return top_lib.format_summary(summary)  # type: ignore[arg-type]
+        return top_lib.format_summary(summary)
 
     if output == "json":
         rows, summary = snapshot()
-        click.echo(json.dumps({"job": name, "summary": top_lib.summary_json(summary) if summary else None,  # type: ignore[arg-type]
+        click.echo(json.dumps({"job": name, "summary": top_lib.summary_json(summary) if summary else None,
                                "rows": top_lib.rows_json(rows)}, indent=2))  # fmt: skip
         return
     try:
