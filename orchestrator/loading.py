@@ -28,9 +28,7 @@ from orchestrator import apis, runtime_env
 from orchestrator import spec as spec_models
 from orchestrator.errors import SpecError
 from orchestrator.redaction import redact
-
-FieldPath = tuple[str | int, ...]
-Position = tuple[int, int]  # 1-based line and column
+from orchestrator.yaml_positions import FieldPath, Position, positions
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 64
@@ -96,21 +94,6 @@ _Loader.yaml_implicit_resolvers = {
 JSON_TAGS = frozenset(
     f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq", "merge")
 )
-
-
-def _positions(node: yaml.Node, path: FieldPath = ()) -> dict[FieldPath, Position]:
-    """Position of every value (and of every mapping key, under the key's own path) in a composed document."""
-    found = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = (*path, key_node.value)
-            found.update(_positions(value_node, child))
-            # Point at the key, which reads better than the value for "unknown field" and "wrong type".
-            found[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            found.update(_positions(item, (*path, index)))
-    return found
 
 
 def _check_bounds(loader: _Loader, root: yaml.Node) -> None:
@@ -233,7 +216,7 @@ def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
             line=node.start_mark.line + 1,
             column=node.start_mark.column + 1,
         )
-    return data, _positions(node)
+    return data, positions(node, at_keys=True)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[FieldPath, str]:

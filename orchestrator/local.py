@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator import runtime_env, storage
 from orchestrator.errors import OrchError, UsageError
+from orchestrator.trainer.metrics import pid_alive
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec, TrainSpec
@@ -79,8 +80,6 @@ class LocalPlan:
     """The default runs/NAME-TIMESTAMP: `claim` adds -2, -3, ... when another run took it."""
     output_url: str | None = None
     """An object store that keeps the checkpoints, model.pt and summary.json (the trainer's ORCH_OUTPUT_URL)."""
-    metrics_port: int = 0
-    """The job's exporter port (0: metrics off); `run` moves to a free one when it is taken."""
 
     @property
     def accumulation(self) -> int | None:
@@ -147,7 +146,6 @@ def plan(
         restart_policy=policy,
         gpus_per_node=spec.gpus_per_node,
         unique_output_dir=not output_dir,
-        metrics_port=runtime.metrics_port,
         output_url=output_url,
     )
 
@@ -549,7 +547,7 @@ def live_runs(job: str) -> list[dict[str, Any]]:
         record = _read_json(entry)
         if record.get("job") != job:
             continue
-        if not _pid_alive(int(record.get("pid") or 0)):
+        if not pid_alive(int(record.get("pid") or 0)):
             entry.unlink(missing_ok=True)
             continue
         found.append(record)
@@ -559,18 +557,6 @@ def live_runs(job: str) -> list[dict[str, Any]]:
 def metrics_url_of(job: str) -> str | None:
     """The exporter URL of the newest live local run of `job`, if it serves metrics."""
     return next((r["metrics"] for r in live_runs(job) if r.get("metrics")), None)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
+from orchestrator.yaml_positions import positions
 
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -244,23 +245,10 @@ def _parse(file: str) -> tuple[dict[str, Any], dict[tuple[str | int, ...], tuple
             "list" if isinstance(data, list) else "string" if isinstance(data, str) else type(data).__name__
         )
         raise KubeconfigError(f"kubeconfig {file}:1:1: not a kubeconfig (a YAML {kind}, not a mapping)")
-    return data, _positions(node) if node is not None else {}
+    return data, positions(node) if node is not None else {}
 
 
 MAX_KUBECONFIG_BYTES = 16 * 2**20
-
-
-def _positions(node: Any, path: tuple[str | int, ...] = ()) -> dict[tuple[str | int, ...], tuple[int, int]]:
-    import yaml
-
-    found = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            found.update(_positions(value, (*path, key.value)))
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            found.update(_positions(item, (*path, index)))
-    return found
 
 
 def _check_shape(

@@ -634,12 +634,7 @@ class Checkpointer:
         failed = next((r for r in reasons if r is not None), None)
         if failed is None:
             return
-        if self.rank == 0:
-            _remove_quietly(tmp)
-        raise CheckpointError(
-            f"checkpoint at step {step}: could not write {self.directory}: {failed}; {self._remedy} and run "
-            "again: training resumes from the last complete checkpoint"
-        ) from error
+        self._fail(tmp, step, failed, error)
 
     @property
     def _remedy(self) -> str:
@@ -661,7 +656,7 @@ class Checkpointer:
             error = self._hash_own(write)
             if error is not None:
                 self._pending = None
-                self._fail(write, _describe(error, self.directory), error)
+                self._fail(write.tmp, write.step, _describe(error, self.directory), error)
         if self.rank == 0 and (self.world_size == 1 or len(_digest_files(write.tmp)) >= self.world_size - 1):
             self._complete(write)
 
@@ -682,7 +677,7 @@ class Checkpointer:
             return
         self._pending = None
         if failed is not None:
-            self._fail(write, failed, error)
+            self._fail(write.tmp, write.step, failed, error)
         if self.rank == 0:
             self._complete(write)
 
@@ -710,14 +705,15 @@ class Checkpointer:
             )  # fmt: skip
             self._rotate()
         except (Exception, CheckpointException) as error:
-            self._fail(write, _describe(error, self.directory), error)
+            self._fail(write.tmp, write.step, _describe(error, self.directory), error)
 
-    def _fail(self, write: _Write, reason: str, error: BaseException | None) -> NoReturn:
+    def _fail(self, tmp: Path, step: int, reason: str, error: BaseException | None) -> NoReturn:
+        """A save failed (synchronous or asynchronous): one message, and no half-written checkpoint left."""
         if self.rank == 0:
-            _remove_quietly(write.tmp)
+            _remove_quietly(tmp)
         raise CheckpointError(
-            f"checkpoint at step {write.step}: could not write {self.directory}: {reason}; {self._remedy} "
-            "and run again"
+            f"checkpoint at step {step}: could not write {self.directory}: {reason}; {self._remedy} and run "
+            "again: training resumes from the last complete checkpoint"
         ) from error
 
     def _rotate(self) -> None:

@@ -125,7 +125,10 @@ def default_multiproc_dir(job: str, port: int) -> Path:
     return Path(tempfile.gettempdir()) / f"orch-metrics-{job}-{port}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (0 or less: no process; a pid file's "unknown")."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -143,7 +146,7 @@ def prune_dead_files(directory: Path, *, also_pid: int | None = None) -> list[st
         if match is None:
             continue
         pid = int(match.group(1))
-        if pid == also_pid or not _pid_alive(pid):
+        if pid == also_pid or not pid_alive(pid):
             try:
                 path.unlink()
                 removed.append(path.name)
