@@ -37,20 +37,13 @@ ARG ORCH_VERSION=0.0.0
 ARG VCS_REF=unknown
 ARG SOURCE_URL=""
 USER root
-# Install orch-trainer[train,tracking] (the orchestrator package) (tracking: the MLflow client, TensorBoard) from the wheel, never touching the base's CUDA torch: every
-# torch/triton/nvidia-* package the base has becomes a constraint, so pip either keeps them or
-# fails the build; the last line double-checks torch's version did not move. Build tools stay in
-# stage 1; only the wheel crosses over (a bind mount, so it is not even a layer here).
+# Install orch-trainer[train,tracking] from the wheel, never touching the base's CUDA torch
+# (images/install-trainer.sh, which images/cpu/Dockerfile runs too). Build tools stay in stage 1;
+# only the wheel and the script cross over (bind mounts, so they are not even a layer here).
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
+    --mount=type=bind,source=images/install-trainer.sh,target=/tmp/install-trainer.sh \
     set -eu; \
-    python -m pip list --format=freeze | grep -iE '^(torch|triton|nvidia-)' > /tmp/keep-base.txt; \
-    before="$(python -c 'import torch; print(torch.__version__)')"; \
-    python -m pip install --no-cache-dir --disable-pip-version-check \
-        --constraint /tmp/keep-base.txt "$(ls /tmp/wheels/orch_trainer-*.whl)[train,tracking]"; \
-    after="$(python -c 'import torch; print(torch.__version__)')"; \
-    test "$before" = "$after" || { echo "pip replaced torch $before with $after" >&2; exit 1; }; \
-    rm /tmp/keep-base.txt; \
-    command -v torchrun; \
+    sh /tmp/install-trainer.sh /tmp/wheels; \
     useradd --uid 10001 --gid 0 --create-home --no-log-init --shell /bin/bash orch; \
     mkdir -p /orch/output; \
     chown -R 10001:0 /orch; \
