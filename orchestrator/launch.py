@@ -49,16 +49,39 @@ SIGNAL_BASE = 128  # a shell's (and the kubelet's) exit code of a process killed
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
 
 
+# torch's agent SIGKILLs a worker only after it ignored the agent's SIGTERM for the shutdown timeout
+# (PContext.close's 30 s); failures' timestamps are whole seconds, taken when a rank raised (its error
+# file) or when the agent saw the exit (monitor interval 0.1 s by default). A SIGKILL seen within this of
+# the first failure is not the agent's: it died in the same poll as the others, so it is a cause (an OOM
+# kill), and a rank that raised next to it most likely raised because it lost its peer.
+SAME_POLL_S = 2
+
+
 def exit_code(failures: dict[int, Any]) -> int:
     """The container's exit code for torch's failed workers ({rank: ProcessFailure}; `exitcode` is -N for a
     worker killed by signal N). After the first failure torch's agent stops the other workers and adds
-    them too, in the order it saw them (multiprocessing/api.py `_poll`): so the first entry is the cause,
-    unless another worker crashed (a segfault, NCCL's watchdog abort), which then is."""
+    them too (multiprocessing/api.py `_poll`): so the first entry is the cause, unless another worker
+    crashed (a segfault, NCCL's watchdog abort) or was SIGKILLed before the agent stopped anything, which
+    then is. torch lists the workers it saw fail in one poll in rank order, not in the order they died:
+    a SIGKILLed worker (no error file) and the peer that raised on the lost connection come in one poll."""
     crashed = [f.exitcode for f in failures.values() if f.exitcode < 0 and -f.exitcode in CRASH_SIGNALS]
-    cause = crashed[0] if crashed else next((f.exitcode for f in failures.values()), 1)
+    killed = [f.exitcode for f in failures.values() if f.exitcode == -signal.SIGKILL and _early(f, failures)]
+    cause: int = (crashed or killed or [next((f.exitcode for f in failures.values()), 1)])[0]
     if cause < 0:
         return SIGNAL_BASE + min(-cause, 127)
     return min(cause, 255) if cause > 0 else 1
+
+
+def _early(failure: Any, failures: dict[int, Any]) -> bool:
+    """Whether `failure` was seen in the agent's first poll with failures, not after it stopped the rest."""
+    stamps = [
+        f.timestamp
+        for f in failures.values()
+        if isinstance(getattr(f, "timestamp", None), int) and f.timestamp > 0
+    ]
+    if not isinstance(getattr(failure, "timestamp", None), int) or not stamps:
+        return next(iter(failures.values())) is failure  # no times: torch's order
+    return bool(failure.timestamp - min(stamps) <= SAME_POLL_S)
 
 
 @dataclass(frozen=True)

@@ -187,3 +187,15 @@ def test_the_exit_code_is_the_cause_not_the_ranks_torch_stopped_after_it():
         launch.exit_code({0: Failure(1), 1: Failure(-signal.SIGABRT)}) == 134
     )  # a crash anywhere is a cause
     assert launch.exit_code({0: Failure(143)}) == 143  # a worker that says it was stopped
+
+
+def test_a_sigkill_seen_with_a_raise_is_the_cause_unless_the_agent_sent_it_after_the_timeout():
+    class Failure:
+        def __init__(self, exitcode: int, timestamp: int) -> None:
+            self.exitcode, self.timestamp = exitcode, timestamp
+
+    # one poll, in rank order: rank 0 raised on the connection its SIGKILLed peer reset
+    assert launch.exit_code({0: Failure(1, 100), 1: Failure(-signal.SIGKILL, 101)}) == 137
+    # rank 0 raised; rank 1 ignored the agent's SIGTERM and was SIGKILLed after the shutdown timeout
+    assert launch.exit_code({0: Failure(1, 100), 1: Failure(-signal.SIGKILL, 131)}) == 1
+    assert launch.exit_code({0: Failure(1, 100), 1: Failure(-signal.SIGTERM, 100)}) == 1
