@@ -57,13 +57,11 @@ def test_local_ranks_share_one_endpoint_and_counts_add_up(tmp_path):
         for r in (0, 1)
     ]
     try:
-        deadline = time.monotonic() + 20
-        while True:  # until both ranks finished their steps
-            series = scrape(port)
-            steps = {labels["rank"]: value for labels, value in series.get("orch_train_step", [])}
-            if steps == {"0": 20.0, "1": 25.0} or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        # Each driver prints its report after its last on_step returned. Waiting for the step gauge instead
+        # raced: on_step sets it first, so a scrape could see step 25 before that step's samples were added.
+        reports = [json.loads(p.stdout.readline() or "null") for p in ranks]
+        series = scrape(port)
+        steps = {labels["rank"]: value for labels, value in series.get("orch_train_step", [])}
         assert steps == {"0": 20.0, "1": 25.0}
         samples = {labels["rank"]: value for labels, value in series["orch_train_samples_total"]}
         assert samples == {"0": 20 * 32.0, "1": 25 * 32.0}
@@ -87,7 +85,9 @@ def test_local_ranks_share_one_endpoint_and_counts_add_up(tmp_path):
         assert unknown == {"0": ("cpu", 1.0), "1": ("cpu", 1.0)}
     finally:
         stop.touch()
-    reports = [_finish(p)[0] for p in ranks]
+    for p in ranks:
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
     assert [r["serving_port"] for r in reports] == [port, None]  # local rank 0 serves, rank 1 only writes
     assert not (tmp_path / "mp").exists()  # the last one out removed its files and the directory
 
