@@ -207,6 +207,7 @@ class MlflowTracker(NullTracker):
         self._next_try = 0.0
         self._thread: threading.Thread | None = None
         self._gave_up = False  # a permanent error: nothing more is sent
+        self._first_try = threading.Event()  # the run was created, or creating it failed once
 
     # --- the loop's side: never blocks on the network -----------------------------------------------------
 
@@ -228,10 +229,10 @@ class MlflowTracker(NullTracker):
         self._inbox.put(("artifacts", list(paths)))
 
     def state(self) -> dict[str, Any]:
-        # The run known now, without waiting: rank 0 calls this inside a checkpoint while the other ranks
-        # wait in its collectives (a server that never answers would hold them past the collective
-        # timeout). The run is created at start, so it is almost always known; if not, the next checkpoint
-        # names it.
+        # A checkpoint must name the run, or a resume starts a second one: wait for the thread's first attempt
+        # to create it (once; bounded by close_seconds, well under the collective timeout; usually long done).
+        if self._thread is not None and self._resume_id is None:
+            self._first_try.wait(timeout=self.close_seconds)
         run_id = self.run_id or self._resume_id
         return {"mlflow_run_id": run_id} if run_id else {}
 
@@ -306,7 +307,10 @@ class MlflowTracker(NullTracker):
 
     def _flush(self) -> None:
         try:
-            self._ensure_run()
+            try:
+                self._ensure_run()
+            finally:
+                self._first_try.set()
             self._send()
         except Exception as error:
             if not transient(error):  # a refused request, a store MLflow will not open: the same every time
