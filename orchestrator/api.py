@@ -129,6 +129,7 @@ def run_local(
     )
     for warning in local.check_devices(plan):
         warn(warning)
+    local.check_store(plan)  # an object-store output: writable, or UsageError before anything starts
     with local.claim(plan) as claimed:
         if notice is not None:
             notice(plan, claimed.output_dir)

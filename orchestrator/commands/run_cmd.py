@@ -67,7 +67,8 @@ def run(
             if plan.train
             else " ".join(plan.command or [])
         )
-        click.echo(f"orch run {spec.name}: {what} -> {output_dir}/")
+        kept = f" (checkpoints, model, summary: {plan.output_url}/)" if plan.output_url else ""
+        click.echo(f"orch run {spec.name}: {what} -> {output_dir}/{kept}")
         if spec.tracking.tensorboard:
             click.echo(f"tensorboard --logdir {output_dir / TENSORBOARD_SUBDIR}")
 
