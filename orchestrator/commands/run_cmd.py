@@ -1,4 +1,4 @@
-"""`orch run`: train the job on this machine. Parses, calls orchestrator.local, prints the result."""
+"""`orch run`: train the job on this machine. Parses, calls orchestrator.api.run_local, prints the result."""
 
 from __future__ import annotations
 

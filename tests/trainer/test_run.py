@@ -419,6 +419,7 @@ def test_the_rank_that_failed_is_named_not_one_the_launcher_stopped(tmp_path):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from orchestrator import local
+    from orchestrator.local.processes import _failure_message
 
     plan = local.plan(load_spec(tmp_path))
     for stopped in (-15, 143):
@@ -426,7 +427,7 @@ def test_the_rank_that_failed_is_named_not_one_the_launcher_stopped(tmp_path):
             0: ProcessFailure(local_rank=0, pid=10, exitcode=stopped, error_file=str(tmp_path / "none-0")),
             1: ProcessFailure(local_rank=1, pid=11, exitcode=3, error_file=str(tmp_path / "none-1")),
         }
-        message = local._failure_message(ChildFailedError("w", failures), plan, tmp_path)
+        message = _failure_message(ChildFailedError("w", failures), plan, tmp_path)
         assert message == f"rank 1 failed (exit code 3): no error recorded; its output: {tmp_path}/rank-1.log"
 
 

@@ -1,0 +1,61 @@
+"""The live-run index: how `orch top NAME --local` finds a run's exporter. One small JSON file per live
+local run of this user, written when the launch starts and removed when it ends (stale ones when read)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator import runtime_env
+from orchestrator.local.output_dir import RUN_FILE, read_json
+from orchestrator.local.plan import LocalPlan
+from orchestrator.trainer.metrics import pid_alive
+
+
+def runs_index() -> Path:
+    """One small JSON file per live local run (this user's), removed when the run ends."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"orch-{os.getuid()}" / "runs"
+
+
+def register(local: LocalPlan, metrics_url: str | None) -> Path:
+    record = {
+        "job": local.env[runtime_env.JOB_NAME],
+        "pid": os.getpid(),
+        "started": time.time(),
+        "output_dir": str(local.output_dir.resolve()),
+        "procs": local.world_size,
+        "metrics": metrics_url,
+    }
+    (local.output_dir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    index = runs_index()
+    entry = index / f"{record['job']}-{os.getpid()}.json"
+    try:
+        index.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps(record) + "\n")
+    except OSError:
+        pass  # only `orch top --local` needs it
+    return entry
+
+
+def live_runs(job: str) -> list[dict[str, Any]]:
+    """The local runs of `job` that are still running, newest first (stale entries are removed)."""
+    found = []
+    for entry in runs_index().glob(f"{job}-*.json"):
+        record = read_json(entry)
+        if record.get("job") != job:
+            continue
+        if not pid_alive(int(record.get("pid") or 0)):
+            entry.unlink(missing_ok=True)
+            continue
+        found.append(record)
+    return sorted(found, key=lambda r: r.get("started", 0), reverse=True)
+
+
+def metrics_url_of(job: str) -> str | None:
+    """The exporter URL of the newest live local run of `job`, if it serves metrics."""
+    return next((r["metrics"] for r in live_runs(job) if r.get("metrics")), None)

@@ -1,0 +1,286 @@
+"""The launch of a local run: the job's processes on this machine, through torch's elastic launcher (what
+torchrun uses), waited for and turned into a result or one line naming the failure.
+
+The workers run exactly what a pod runs (`python -m orchestrator.trainer --config train.json`, or the
+job's `command`), with the same ORCH_* environment, gloo on CPU or one process per local GPU.
+torch is imported inside the functions: `orch --help` must stay light.
+
+The process tree: `orch run` (torch's elastic agent runs in this process, and hosts the rendezvous store)
+-> one child per rank, each started through orchestrator.local_worker, which ties it to this process
+(PR_SET_PDEATHSIG: SIGKILLed when the launcher dies, whatever killed it), appends its stdout and stderr to
+OUT/logs/rank-N.log and execs the command. The console shows rank 0's log as it grows (tracebacks left in
+the file) and, at the end, one line: the result, or the first failing rank with its error and its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator import runtime_env
+from orchestrator.errors import OrchError
+from orchestrator.local.console import RunLogs, launcher_log, live_console
+from orchestrator.local.index import register
+from orchestrator.local.plan import LocalPlan, environment
+
+TRAINER_MODULE = "orchestrator.trainer"
+
+
+class RunFailed(OrchError):
+    """A rank failed (after any elastic restarts); the message names it and its error."""
+
+    exit_code = 1
+
+
+class RunInterrupted(OrchError):
+    """Ctrl-C (or SIGTERM): every rank was stopped. `stopped_at`: the step whose checkpoint the ranks wrote
+    before they stopped (train.checkpoint.on_stop), None when they stopped without one."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, *, stopped_at: int | None = None) -> None:
+        super().__init__(message)
+        self.stopped_at = stopped_at
+
+
+# A local run serves metrics on the loopback interface only, unless ORCH_METRICS_ADDR says otherwise.
+LOCAL_METRICS_ADDR = "127.0.0.1"
+
+LOG_DIR = "logs"
+
+
+def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
+    """Start the processes and wait (inside `claim`). Returns summary.json (train jobs) or None; raises
+    RunFailed or RunInterrupted with one line: every rank's output is in OUT/logs/rank-N.log."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    log_dir = local.output_dir / LOG_DIR
+    log_dir.mkdir(exist_ok=True)
+    # A previous run in this directory (resuming) keeps its lines: logs and progress.jsonl grow by one
+    # header per run (and per restart) and the console shows only what this run adds.
+    started = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    env = dict(local.env)
+    # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
+    env.update({name: value for name, value in os.environ.items() if name in runtime_env.USER_OVERRIDES})
+    # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
+    metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream) if local.train is not None else None
+    env.update(
+        ORCH_LAUNCHER_PID=str(os.getpid()),
+        ORCH_LOG_DIR=str(log_dir.resolve()),
+    )
+    # the log keeps every line; the console drops the ones the progress bar shows
+    env[runtime_env.LOG_LINES] = "1"
+    if local.train is not None:
+        config_file = local.output_dir / "train.json"
+        config_file.write_text(runtime_env.train_json(local.train), encoding="utf-8")
+        entrypoint, args = sys.executable, ["-m", TRAINER_MODULE, "--config", str(config_file.resolve())]
+        progress_file = local.output_dir / "progress.jsonl"
+        with open(progress_file, "a") as events:
+            events.write(json.dumps({"event": "run", "started": started, "pid": os.getpid()}) + "\n")
+        env[runtime_env.PROGRESS_FILE] = str(progress_file.resolve())
+    else:
+        assert local.command is not None
+        entrypoint, args, progress_file, progress_bar = local.command[0], local.command[1:], None, False
+    # Every rank starts through the shim that ties it to this process and sends its output to its log.
+    entrypoint, args = sys.executable, ["-m", WORKER_MODULE, entrypoint, *args]
+    # Processes share this machine's cores: one thread pool each, sized to its share (as torchrun does).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local.world_size)))
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=local.world_size,
+        run_id=f"orch-{os.getpid()}",
+        rdzv_backend="c10d",  # torchrun --standalone: a TCP store on a free local port
+        rdzv_endpoint="localhost:0",
+        max_restarts=local.max_restarts,
+        monitor_interval=0.1,
+        logs_specs=RunLogs(log_dir),  # error files in OUT/logs, no torchelastic_* folder in /tmp
+        **_shutdown_timeout(local),
+    )
+    record = register(local, metrics_url)
+    try:
+        with (
+            environment(env),
+            launcher_log(log_dir / "launcher.log"),
+            live_console(log_dir / "rank-0.log", progress_file if progress_bar else None, stream, local),
+        ):
+            try:
+                elastic_launch(config, entrypoint)(*args)
+            except ChildFailedError as error:
+                raise RunFailed(_failure_message(error, local, log_dir)) from None
+            except (SignalException, KeyboardInterrupt):
+                stopped_at = _stopped_at(progress_file) if progress_file is not None else None
+                if stopped_at is None:
+                    raise RunInterrupted(
+                        f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)"
+                    ) from None
+                raise RunInterrupted(
+                    f"interrupted: all {local.world_size} processes stopped at step {stopped_at} after "
+                    f"writing a checkpoint (their output: {log_dir}/)",
+                    stopped_at=stopped_at,
+                ) from None
+    finally:
+        record.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the index folders go with the last live run
+            record.parent.rmdir()
+            record.parent.parent.rmdir()
+        shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
+    return read_summary(local.output_dir / "summary.json", log_dir) if local.train is not None else None
+
+
+def read_summary(summary_file: Path, log_dir: Path) -> dict[str, Any]:
+    """summary.json as the trainer left it, read defensively: every rank exited 0, yet the file may be
+    missing (a task that called sys.exit(0)), unreadable or of another shape; each is one line, not a
+    traceback."""
+    try:
+        summary = json.loads(summary_file.read_text())
+    except FileNotFoundError:
+        raise RunFailed(
+            f"every process exited 0 but the trainer wrote no {summary_file.name}: the run did not finish "
+            f"(does the task call sys.exit()?); their output: {log_dir}/"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise RunFailed(f"cannot read {summary_file}: {error}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int):
+        raise RunFailed(f"{summary_file} is not a summary of a run (no step count)")
+    return summary
+
+
+def _shutdown_timeout(local: LocalPlan) -> dict[str, Any]:
+    """How long the launcher waits, after forwarding a Ctrl-C or SIGTERM, for the ranks to write their stop
+    checkpoint before it SIGKILLs them: train.checkpoint.on_stop. LaunchConfig has the field from torch 2.12;
+    older releases keep their fixed 30 s."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    budget = local.train.checkpoint.on_stop if local.train is not None else 0
+    if not budget or "shutdown_timeout" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        return {}
+    return {"shutdown_timeout": budget}
+
+
+def _stopped_at(progress_file: Path) -> int | None:
+    """The step of this run's `stopped` event (the trainer's stop checkpoint), if it wrote one."""
+    step = None
+    with contextlib.suppress(OSError):
+        for line in progress_file.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("event") == "run":
+                    step = None  # an earlier run's stop does not count
+                elif event.get("event") == "stopped":
+                    step = int(event["step"])
+    return step
+
+
+WORKER_MODULE = "orchestrator.local_worker"
+METRICS_DB_DIR = ".metrics"  # prometheus-client's multiprocess files, removed when the run ends
+
+
+def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
+    """One line: the first failing rank, its exception and where it was raised, and its log file."""
+    rank, failure = _first_failure(error)
+    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if isinstance(data, dict):  # written by @record (trainer) or local_worker: the exception, the traceback
+        reason = str(data.get("message", "")).strip().splitlines()[-1:] or [""]
+        where = _raised_at(str((data.get("extraInfo") or {}).get("py_callstack", "")))
+        text = reason[0] + (f" (at {where})" if where else "")
+    elif failure.exitcode < 0:
+        text = f"killed by {_signal_name(-failure.exitcode)}"
+    elif (
+        failure.exitcode > 128
+    ):  # the trainer's stop on a signal (its checkpoint written), or a shell's report
+        text = f"stopped on {_signal_name(failure.exitcode - 128)}"
+    else:
+        text = "no error recorded"
+    restarts = (
+        f" after {local.max_restarts} restart{'s' * (local.max_restarts != 1)}" if local.max_restarts else ""
+    )
+    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log_dir}/rank-{rank}.log"
+
+
+def _first_failure(error: Any) -> tuple[int, Any]:
+    """The rank that failed first. A rank killed by a signal other than the agent's SIGTERM (SIGKILL, an
+    OOM kill, a segfault) is taken as the cause; otherwise the earliest error file (torch's own choice
+    compares whole seconds, and the peers of a failed rank raise connection errors within milliseconds),
+    and a rank that failed on its own before one the launcher stopped (SIGTERM, or the trainer's 128+signal
+    exit after its stop checkpoint), which has no error file either."""
+    failures = dict(error.failures)
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode not in STOP_SIGNALS]
+    if killed:
+        return min(killed), failures[min(killed)]
+
+    def order(item: tuple[int, Any]) -> tuple[bool, float]:
+        exitcode = item[1].exitcode
+        stopped = -exitcode in STOP_SIGNALS or exitcode - 128 in STOP_SIGNALS
+        try:
+            return stopped, os.stat(item[1].error_file).st_mtime_ns
+        except OSError:
+            return stopped, float("inf")
+
+    recorded = sorted(failures.items(), key=order)
+    return recorded[0] if recorded else error.get_first_failure()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what the launcher sends the ranks it stops
+
+
+def _raised_at(callstack: str) -> str:
+    """`file.py:LINE in function` of the innermost frame of a Python traceback, or ''."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', callstack)
+    if not frames:
+        return ""
+    file, line, function = frames[-1]
+    with contextlib.suppress(ValueError):
+        file = os.path.relpath(file) if not os.path.relpath(file).startswith("..") else file
+    return f"{file}:{line} in {function}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _choose_metrics_endpoint(env: dict[str, str], output_dir: Path, stream: TextIO) -> str | None:
+    """Loopback unless ORCH_METRICS_ADDR says otherwise; the job's port, or a free one when it is taken."""
+    port = runtime_env.RuntimeEnv.from_environ(env).metrics_port
+    if port <= 0:
+        return None
+    addr = env.setdefault(runtime_env.METRICS_ADDR, LOCAL_METRICS_ADDR)
+    chosen = _free_port(addr, port)
+    env[runtime_env.METRICS_PORT] = str(chosen)
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # the ranks' series files, inside the run
+        env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / METRICS_DB_DIR).resolve())
+    host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
+    url = f"http://{host}:{chosen}/metrics"
+    taken = f" (port {port} is in use)" if chosen != port else ""
+    stream.write(f"metrics: {url}{taken}\n")
+    stream.flush()
+    return url
+
+
+def _free_port(addr: str, port: int) -> int:
+    """`port` when it can be bound on `addr`, else a free port the kernel picks."""
+    for candidate in (port, 0):
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
+            try:
+                sock.bind((addr, candidate))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    return port  # cannot bind at all: the exporter will say why, and training goes on
