@@ -547,8 +547,8 @@ class JobSpec(Model):
     ]
     namespace: Dns1123Label | None = None
     api: ApiKey = API_AUTO
-    """Which Kubeflow API runs the job: pytorchjob (training operator v1), trainjob (Trainer v2), or auto
-    (`orch render`: pytorchjob; `orch submit`: whichever the cluster serves)."""
+    """Which Kubeflow API runs the job: a key of orchestrator/apis/registry.py, or auto (`orch render`: the
+    first key; `orch submit`: the first the cluster serves)."""
     runtime: Dns1123Name | None = None
     """TrainJob only: a ClusterTrainingRuntime the platform provides. None: orch renders a TrainingRuntime
     of its own next to the TrainJob."""

@@ -119,3 +119,27 @@ def test_no_module_outside_apis_names_an_api():
         if not name.startswith("orchestrator.apis") and pattern.search(path.read_text(encoding="utf-8"))
     }
     assert offenders == set()
+
+
+def test_no_module_outside_apis_reads_an_apis_own_fields():
+    """The fields of one API's objects (a PyTorchJob's replica specs, a TrainJob's runtime and child Jobs) are
+    read and written by its module only: the rest asks the JobAPI (e.g. `pod_templates`)."""
+    fields = {
+        "pytorchReplicaSpecs",
+        "runPolicy",
+        "elasticPolicy",
+        "jobsStatus",
+        "runtimeRef",
+        "runtimePatches",
+        "podGroupPolicy",
+        "numNodes",
+        "numProcPerNode",
+    }
+    offenders = {
+        name
+        for name, path in MODULES.items()
+        if not name.startswith("orchestrator.apis")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in fields
+    }
+    assert offenders == set()

@@ -23,7 +23,7 @@ __all__ = ["AUTO", "CHOICES", "KEYS", "REGISTRY", "JobAPI", "all_apis", "by_key"
 
 def by_key(key: str) -> JobAPI:
     """The API registered as `key` (KeyError for a key not in REGISTRY)."""
-    return cast(JobAPI, importlib.import_module(REGISTRY[key]).API)
+    return cast(JobAPI, importlib.import_module(REGISTRY[key].module).API)
 
 
 def all_apis() -> tuple[JobAPI, ...]:

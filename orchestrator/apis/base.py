@@ -94,6 +94,11 @@ class JobAPI(Protocol):
         """(pods, GPUs per pod) from the job's spec (`orch list`)."""
         ...
 
+    def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pod templates the job object itself carries, as they stand in it (changing one changes the
+        job); [] where another object holds them (a TrainJob's are in its runtime)."""
+        ...
+
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         """Names of the objects whose warning events belong to the job (the job, its pods, ...)."""
         ...

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.apis.registry import REGISTRY
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class PyTorchJobAPI:
     restarts_whole_job = False
     transient_denial: re.Pattern[str] | None = None
     container = CONTAINER
-    operator = "Kubeflow training operator"
+    operator = REGISTRY[key].operator
     install = f"{INSTALL} (see {DOCS})"
     docs = DOCS
 
@@ -160,6 +161,14 @@ class PyTorchJobAPI:
         nodes = sum(status.to_int(r.get("replicas")) for r in specs)
         gpus = max((status.template_gpus(r.get("template"), self.container) for r in specs), default=0)
         return nodes, gpus
+
+    def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each replica's template (Master, Worker)."""
+        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        replicas = replica_specs.values() if isinstance(replica_specs, dict) else []
+        return [
+            r["template"] for r in replicas if isinstance(r, dict) and isinstance(r.get("template"), dict)
+        ]
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         names = {status.text(status.dig(p, "metadata", "name")) for p in pods}

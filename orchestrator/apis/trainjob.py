@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.apis.registry import REGISTRY
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class TrainJobAPI:
     restarts_whole_job = True
     transient_denial: re.Pattern[str] | None = RUNTIME_NOT_SEEN_YET
     container = TRAINER_NODE
-    operator = "Kubeflow Trainer v2"
+    operator = REGISTRY[key].operator
     install = f"{INSTALL} (see {DOCS})"
     docs = DOCS
 
@@ -291,6 +292,10 @@ class TrainJobAPI:
         trainer = status.dig(job, "spec", "trainer")
         gpus = status.dig(trainer, "resourcesPerNode", "limits", status.GPU_RESOURCE)
         return status.to_int(status.dig(trainer, "numNodes")), status.to_int(gpus)
+
+    def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """None in the TrainJob: its pod template is the runtime's."""
+        return []
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         """The TrainJob and its JobSet (same name), the child Jobs (<jobset>-<replicated job>-<index>), the pods."""

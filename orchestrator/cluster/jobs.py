@@ -114,12 +114,9 @@ def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[
 
 
 def _volcano_job(job: Job) -> bool:
-    """A PyTorchJob whose pod templates name Volcano (its pods may not exist yet)."""
-    replicas = status.dig(job.obj, "spec", "pytorchReplicaSpecs")
-    templates = replicas.values() if isinstance(replicas, dict) else []
-    return any(
-        status.dig(r, "template", "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for r in templates
-    )
+    """A job whose own pod templates name Volcano (its pods may not exist yet)."""
+    templates = job.api.pod_templates(job.obj)
+    return any(status.dig(t, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for t in templates)
 
 
 def _readable(

@@ -198,10 +198,11 @@ def submit(
 
     for obj in objects:
         obj["metadata"].setdefault("annotations", {})[naming.ANNOTATION_SUBMISSION] = result.id
-    # ...and a PyTorchJob's pods: orchestrator.launch keeps its exit-code start count per submission.
-    for replica in (job.get("spec", {}).get("pytorchReplicaSpecs") or {}).values():
-        template = replica["template"].setdefault("metadata", {})
-        template.setdefault("annotations", {})[naming.ANNOTATION_SUBMISSION] = result.id
+    # ...and the job's own pod templates (a PyTorchJob's): orchestrator.launch keeps its exit-code start count
+    # per submission.
+    for template in api.pod_templates(job):
+        metadata = template.setdefault("metadata", {})
+        metadata.setdefault("annotations", {})[naming.ANNOTATION_SUBMISSION] = result.id
     # What the job refers to (a TrainJob's TrainingRuntime) must exist first; it is owned once the job exists.
     first = [o for o in objects if kinds[o["kind"]] in api.before]
     after = [o for o in objects if o is not job and o not in first]

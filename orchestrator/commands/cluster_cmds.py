@@ -100,8 +100,8 @@ def _note(message: str) -> None:
     "--api",
     type=click.Choice(registry.CHOICES),
     default=None,
-    help="Which job API to submit to [default: the job file's `api`, else auto: whichever the cluster serves, "
-    "PyTorchJob when both are].",
+    help=f"Which job API to submit to: {registry.described()} [default: the job file's `api`, else "
+    f"{registry.AUTO}: the first of {', '.join(registry.KEYS)} that the cluster serves].",
 )
 @click.option("--replace", is_flag=True, help="If a job of this name exists, delete it (and wait) first.")
 @click.option(

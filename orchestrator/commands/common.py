@@ -85,11 +85,11 @@ def warn_missing_code(spec: JobSpec, job_file: str) -> None:
 
 
 def api_option(fn: F) -> F:
-    """`--api auto|pytorchjob|trainjob`: which Kubeflow API renders the job (overrides the file's `api:`)."""
+    """`--api auto|KEY...`: which Kubeflow API renders the job (overrides the file's `api:`)."""
     return click.option(
         "--api",
         type=click.Choice(registry.CHOICES),
         default=None,
-        help="Kubeflow API to render: pytorchjob (training operator v1), trainjob (Trainer v2), or auto "
-        "(the file's `api:`, default auto; render: pytorchjob, submit: what the cluster serves).",
+        help=f"Kubeflow API to render: {registry.described()}, or {registry.AUTO} (the file's `api:`, default "
+        f"{registry.AUTO}; render: {registry.KEYS[0]}, submit: what the cluster serves).",
     )(fn)
