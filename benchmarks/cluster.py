@@ -182,10 +182,12 @@ def measure(*, sizes: tuple[int, ...] = SIZES, rounds: int = 3) -> dict[str, Any
         bench.kubectl(
             "version", "--request-timeout=5s", ok=(0, 1)
         )  # kubectl's discovery cache, as a user has it
-        # The floor under every orch command: the interpreter and the official client's import.
-        floor = [bench.run([sys.executable, "-c", "import kubernetes.client"]) for _ in range(rounds)]
-        results["rows"].append({"api": "-", "pods": 0, "command": "python -c 'import kubernetes.client'",
-                                "orch": asdict(_median(floor)), "kubectl": None, "equivalent": ""})  # fmt: skip
+        # Floors: what the lean transport's commands import at least (the interpreter, click, urllib3, yaml),
+        # and what importing the official client adds (submit's path, and every kubeconfig it falls back for).
+        for code in ("import click, urllib3, ssl, json, yaml", "import kubernetes.client"):
+            floor = [bench.run([sys.executable, "-c", code]) for _ in range(rounds)]
+            results["rows"].append({"api": "-", "pods": 0, "command": f"python -c '{code}'",
+                                    "orch": asdict(_median(floor)), "kubectl": None, "equivalent": ""})  # fmt: skip
         for api in APIS:
             for size in sizes:
                 results["rows"] += _one_size(bench, api, size, rounds, results["wait_window"])

@@ -182,15 +182,18 @@ class Client:
     ) -> None:
         self.kubeconfig, self.context, self.namespace = kubeconfig, context, namespace
         self.request_timeout = request_timeout
-        self._clusters: dict[str | None, Cluster] = {}
+        self._clusters: dict[tuple[str | None, bool], Cluster] = {}
 
-    def cluster(self, job_namespace: str | None = None) -> Cluster:
-        """The connection (in the job's namespace when `namespace` was not given), made once."""
+    def cluster(self, job_namespace: str | None = None, *, lean: bool = False) -> Cluster:
+        """The connection (in the job's namespace when `namespace` was not given), made once. `lean`: without
+        the official client where the kubeconfig allows (status, list, logs, wait and delete ask for it;
+        orchestrator/cluster/connection.py)."""
         from orchestrator import cluster
 
-        if job_namespace not in self._clusters:
-            self._clusters[job_namespace] = cluster.connect(self._target(), job_namespace=job_namespace)
-        return self._clusters[job_namespace]
+        key = (job_namespace, lean)
+        if key not in self._clusters:
+            self._clusters[key] = cluster.connect(self._target(), job_namespace=job_namespace, lean=lean)
+        return self._clusters[key]
 
     def submit(
         self,
@@ -255,7 +258,7 @@ class Client:
         """The job's phase, replicas, pods and recent warnings (`orch status`)."""
         from orchestrator import cluster
 
-        return cluster.job_status(self.cluster(), name)
+        return cluster.job_status(self.cluster(lean=True), name)
 
     def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""
@@ -266,7 +269,7 @@ class Client:
         now = datetime.datetime.now(datetime.timezone.utc)
         return [
             status.list_row(job.api, job.obj, now)
-            for job in cluster.list_jobs(self.cluster(), all_namespaces=all_namespaces)
+            for job in cluster.list_jobs(self.cluster(lean=True), all_namespaces=all_namespaces)
         ]
 
     def logs(
@@ -284,14 +287,16 @@ class Client:
         max_requests; orchestrator.cluster.stream_logs)."""
         from orchestrator import cluster
 
-        return cluster.stream_logs(self.cluster(), name, emit=emit, notice=notice, follow=follow, **selection)
+        return cluster.stream_logs(
+            self.cluster(lean=True), name, emit=emit, notice=notice, follow=follow, **selection
+        )
 
     def wait(self, name: str, *, timeout: float | None = None, on_phase: Callback = _silent) -> Job:
         """Block until the job Succeeded or Failed and return it (`.phase`, `.condition`); WaitTimeout after
         `timeout` seconds (None: never). `on_phase(phase)` hears every change."""
         from orchestrator import cluster
 
-        job = cluster.wait_for(self.cluster(), name, timeout=timeout, on_phase=on_phase)
+        job = cluster.wait_for(self.cluster(lean=True), name, timeout=timeout, on_phase=on_phase)
         if job is None:
             raise WaitTimeout(f"timed out after {timeout:g}s waiting for job {name}")
         return job
@@ -300,7 +305,7 @@ class Client:
         """Delete the job and everything submitted with it; `wait`: return once its pods are gone."""
         from orchestrator import cluster
 
-        return cluster.delete_job(self.cluster(), name, wait=wait, timeout=timeout)
+        return cluster.delete_job(self.cluster(lean=True), name, wait=wait, timeout=timeout)
 
     def _target(self) -> Target:
         from orchestrator import cluster

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import launch, naming, runtime_env
-from orchestrator.spec import MLFLOW_CREDENTIAL_ENV
+from orchestrator import launch, naming
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec, Toleration, Volume
@@ -155,6 +154,10 @@ def _toleration(toleration: Toleration) -> dict[str, Any]:
 
 def _env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) -> list[dict[str, Any]]:
     """orch's runtime facts first, then the user's env (which wins on a clash), then secretKeyRefs."""
+    from orchestrator import (
+        runtime_env,
+    )  # here: it imports the spec (pydantic); `orch status` reads pods only
+
     output_url = spec.output.url if spec.output is not None else None  # the object store keeps the outputs
     runtime = runtime_env.RuntimeEnv.for_job(
         spec, name=name, output_dir=naming.OUTPUT_DIR, output_url=output_url, api_kind=kind
@@ -196,6 +199,8 @@ def _env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) ->
 
 def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:
     """tracking.mlflow.credentials -> MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN from their Secrets."""
+    from orchestrator.spec import MLFLOW_CREDENTIAL_ENV
+
     if spec.tracking.mlflow is None:
         return {}
     credentials = spec.tracking.mlflow.credentials

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import runtime_env
 from orchestrator.errors import OrchError, UsageError
 
 
@@ -90,6 +89,10 @@ def prometheus_url(flag: str | None) -> str | None:
 
 
 def local_exporter_url(port: int | None, job: str | None = None) -> str:
+    from orchestrator import (
+        runtime_env,
+    )  # here: it imports the spec (pydantic), which `orch status` never needs
+
     env_port = runtime_env.RuntimeEnv.from_environ().metrics_port
     if not port and not env_port and job:
         from orchestrator import local  # the live `orch run` of this job records where it serves

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming, runtime_env
+from orchestrator import naming
 from orchestrator.redaction import redact, redact_url
 
 if TYPE_CHECKING:
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 def annotation(spec: JobSpec, name: str, kind: str) -> dict[str, str]:
     """{ANNOTATION_TRACKING: JSON {"mlflow": {tracking_uri, experiment, run_name}, "tensorboard": dir}}; {}
     when the job tracks nothing (`kind`: the job object's kind, as the trainer is told)."""
+    from orchestrator import (
+        runtime_env,
+    )  # here: it imports the spec (pydantic), which `orch status` never needs
+
     settings = runtime_env.TrackingSettings.for_job(spec, name=name, api_kind=kind)
     if not settings.enabled:
         return {}
@@ -51,8 +55,14 @@ def describe(annotations: Any) -> dict[str, str]:
         return {}
     shown: dict[str, str] = {}
     if isinstance(mlflow := record.get("mlflow"), dict):
-        uri = mlflow.get("tracking_uri") or f"(the pods' {runtime_env.ENV_MLFLOW_TRACKING_URI})"
+        uri = mlflow.get("tracking_uri") or _from_the_pods()
         shown["mlflow"] = redact(f"{uri} experiment {mlflow.get('experiment')}, run {mlflow.get('run_name')}")
     if isinstance(record.get("tensorboard"), str):
         shown["tensorboard"] = f"{record['tensorboard']} (in the pod of rank 0)"
     return shown
+
+
+def _from_the_pods() -> str:
+    from orchestrator.spec import ENV_MLFLOW_TRACKING_URI  # only here: the spec imports pydantic
+
+    return f"(the pods' {ENV_MLFLOW_TRACKING_URI})"

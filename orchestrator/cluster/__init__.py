@@ -1,12 +1,15 @@
 """Everything orch says to a Kubernetes cluster, through the official `kubernetes` client.
 
 This package is the only code that imports `kubernetes`, and only inside functions: importing it costs
-~0.4 s, which `orch --help` and `orch render` must not pay. The client is injectable (`Cluster(api_client,
-...)`), so tests point it at an API emulator over real HTTP.
+~0.7 CPU-s, which `orch --help` and `orch render` must not pay, nor do the follow commands (status, list,
+logs, wait, delete) for a token or client-certificate kubeconfig: they send through urllib3 directly
+(`rest.LeanTransport`, chosen by `connection`). The transport is injectable (`Cluster(transport or
+api_client, ...)`), so tests point it at an API emulator over real HTTP.
 
 - `errors`: the `ClusterError` family every failed request becomes.
   (What each job API reads from its objects is in orchestrator/apis/; the kinds in orchestrator/resources.py.)
 - `client`: `Cluster`, one namespace of one cluster; one method = one request, retried and translated.
+- `rest`: the API's paths, sent through one of two transports (the official `ApiClient`, or urllib3).
 - `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
 - `objects`: submit (the job, then what it owns; all or nothing), prepare, roll back.
 - `jobs`: find a job on whichever API has it; status, list, wait, delete.

@@ -126,7 +126,7 @@ class Cluster:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        transport: rest.Transport | ApiClient,
         namespace: str = DEFAULT_NAMESPACE,
         *,
         server: str = "",
@@ -136,11 +136,12 @@ class Cluster:
         secrets: Iterable[str] = (),
         kubectl_flags: tuple[str, ...] = (),
     ) -> None:
-
-        self.api_client = api_client
+        if not hasattr(transport, "send"):  # an ApiClient (tests, callers of the official client)
+            transport = rest.OfficialTransport(transport)
+        self.transport: rest.Transport = transport  # type: ignore[assignment]
         self.namespace = namespace
         self.secrets = tuple(s for s in secrets if s)
-        self.server = scrub(server or redact_url(api_client.configuration.host), self.secrets)
+        self.server = scrub(server or redact_url(self.transport.host), self.secrets)
         self.retries = int(os.environ.get(RETRIES_ENV, "5")) if retries is None else retries
         self.backoff = float(os.environ.get(BACKOFF_ENV, "0.5")) if backoff is None else backoff
         self.read_timeout = float(os.environ.get(READ_TIMEOUT_ENV, "60"))
@@ -150,9 +151,10 @@ class Cluster:
         self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
         self._answered = False  # whether the server answered any request yet (a refusal then means a restart)
         self._streams: set[Any] = set()  # open watch and followed-log responses (`close_streams`)
-        # The API's paths, sent through the client's ApiClient (rest.py says why not CoreV1Api & co.)
-        self.core = rest.CoreCalls(api_client)
-        self.custom = rest.CustomCalls(api_client)
+        # The API's paths, sent through the transport (rest.py says why not CoreV1Api & co.)
+        self.core = rest.CoreCalls(self.transport)
+        self.custom = rest.CustomCalls(self.transport)
+        self.calls = rest.ClusterCalls(self.transport)
 
     # --- the deadline
 
@@ -217,10 +219,8 @@ class Cluster:
 
     def api_groups(self) -> dict[str, list[str]]:
         """Every API group the server serves, with its versions (preferred first): one discovery request."""
-        from kubernetes import client
-
         probe = Resource("", "", "apis", "APIGroupList")
-        answer = self._request("get", probe, None, client.ApisApi(self.api_client).get_api_versions)
+        answer = self._request("get", probe, None, self.calls.get_api_versions)
         groups: dict[str, list[str]] = {}
         listed = answer.get("groups")
         for group in listed if isinstance(listed, list) else []:
@@ -243,14 +243,10 @@ class Cluster:
 
     def server_version(self) -> dict[str, Any]:
         """The API server's `/version` (gitVersion, major, minor, platform...)."""
-        from kubernetes import client
-
-        return self._request("get", VERSION, None, client.VersionApi(self.api_client).get_code)
+        return self._request("get", VERSION, None, self.calls.get_code)
 
     def can_i(self, verb: str, resource: Resource) -> tuple[bool, str]:
         """A SelfSubjectAccessReview: may the caller `verb` `resource` in this namespace? (allowed, reason)"""
-        from kubernetes import client
-
         review = {
             "apiVersion": SELF_SUBJECT_ACCESS_REVIEW.api_version,
             "kind": SELF_SUBJECT_ACCESS_REVIEW.kind,
@@ -263,7 +259,7 @@ class Cluster:
                 }
             },
         }
-        fn = client.AuthorizationV1Api(self.api_client).create_self_subject_access_review
+        fn = self.calls.create_self_subject_access_review
         answer = self._request("create", SELF_SUBJECT_ACCESS_REVIEW, None, fn, review).get("status")
         answer = answer if isinstance(answer, dict) else {}
         reason = answer.get("reason")
@@ -271,9 +267,7 @@ class Cluster:
 
     def crd(self, name: str) -> dict[str, Any]:
         """A CustomResourceDefinition (cluster-scoped: many users may not read it; a Forbidden then)."""
-        from kubernetes import client
-
-        fn = client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition
+        fn = self.calls.read_custom_resource_definition
         return self._request("get", CRD, name, fn, name)
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -538,7 +532,6 @@ class Cluster:
         until the deadline), within the deadline; failures become ClusterErrors. A `_request_timeout` given by
         the caller (a followed log) is kept as is."""
         import urllib3
-        from kubernetes.client.exceptions import ApiException
 
         kwargs.setdefault("_preload_content", False)
         fixed_timeout = kwargs.pop("_request_timeout", None)
@@ -560,7 +553,7 @@ class Cluster:
                 answer = fn(*args, _request_timeout=timeout, **kwargs)
                 self._answered = True
                 return answer
-            except ApiException as e:
+            except rest.HttpError as e:
                 self._answered = True
                 denied = _admission_denial(e)
                 if denied and transient_denial is not None and transient_denial.search(denied[1]):
@@ -578,6 +571,11 @@ class Cluster:
             except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS...
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._expired(verb, resource, name, e) from e
+                # Like a refusal: TLS failing before the server ever answered will fail the same way again.
+                if not self._answered and (tls := _tls_failure(e)):
+                    raise ClusterUnreachable(
+                        self._scrub(f"cannot reach the Kubernetes API at {self.server}: TLS: {tls}")
+                    ) from e
                 # Refused before the server ever answered: nothing listens at that address. Retrying is for
                 # a server that answered and then went away for a moment (a restart, a load balancer).
                 if attempt == self.retries or (_refused(e) and not self._answered):
@@ -722,6 +720,39 @@ def _refused(e: Exception) -> bool:
         reason = getattr(seen, "reason", None)
         seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
     return isinstance(seen, ConnectionRefusedError)
+
+
+def _tls_failure(e: Exception) -> str | None:
+    """What failed, when a connection error is a TLS failure (a certificate the kubeconfig's CA did not sign,
+    a client certificate the server refused...): one line, without urllib3's wrapping."""
+    import ssl
+
+    import urllib3
+
+    seen: BaseException | None = e
+    tls: BaseException | None = None
+    for _ in range(8):  # MaxRetryError -> SSLError -> ssl.SSLCertVerificationError
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLError | urllib3.exceptions.SSLError):
+            tls = seen
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    if tls is None:
+        return None
+    said = str(getattr(tls, "verify_message", None) or getattr(tls, "reason", None) or tls)
+    # the official client hands on only the text of urllib3's error: the verifier's words are inside it
+    unverified = not isinstance(tls, ssl.SSLCertVerificationError) and re.search(
+        r"certificate verify failed: (.+?) \(_ssl\.c", str(tls)
+    )
+    if unverified:
+        said = unverified[1]
+    said = " ".join(said.split())
+    if not isinstance(tls, ssl.SSLCertVerificationError) and not unverified:
+        return said
+    if said.startswith("Hostname mismatch"):
+        return f"certificate verify failed: {said} (the kubeconfig's server, or its tls-server-name)"
+    return f"certificate verify failed: {said} (is the kubeconfig's certificate-authority the cluster's CA?)"
 
 
 def _retryable(status_code: int | None) -> bool:

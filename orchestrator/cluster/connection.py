@@ -9,19 +9,30 @@ A kubeconfig is user input: each file is parsed here first (YAML errors and wron
 client's loader still throws is reported the same way. A credential plugin (`user.exec`) that fails stops
 the command with its message; the client would only log it and send the requests without credentials.
 The kubeconfig's credentials are handed to `Cluster` as `secrets`, so no message can print them.
+
+Two transports (rest.py): `connect(..., lean=True)` (the follow commands: status, list, logs, wait, delete)
+sends through urllib3 directly when the context's user is a bearer token (`token`, `tokenFile`) or a client
+certificate (files or `-data`) and its cluster names only a server, its CA (file or data),
+`insecure-skip-tls-verify` and `tls-server-name`: the kubernetes package (~0.7 CPU-s to import) is not
+loaded. Anything else (credential plugins, auth providers, `proxy-url`, basic auth, impersonation, the
+in-cluster service account) and every other command go through the official client, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
 from orchestrator.yaml_positions import positions
+
+if TYPE_CHECKING:
+    from orchestrator.cluster.rest import LeanTransport
 
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -39,19 +50,66 @@ class Target:
 CONNECTION_POOL = 128
 
 
-def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
-    """A `Cluster` for `target`: kubeconfig like kubectl, namespace -n > job's > context's > default."""
+def connect(target: Target, *, job_namespace: str | None = None, lean: bool = False) -> Cluster:
+    """A `Cluster` for `target`: kubeconfig like kubectl, namespace -n > job's > context's > default.
+
+    `lean`: send through urllib3 directly when the kubeconfig's user and cluster are of the common forms
+    (`lean_transport`), without importing the `kubernetes` package (~0.7 CPU-s); anything else, and without
+    `lean`, through the official client (docs/decisions.md: the follow commands ask for it, submit does not)."""
+    path = _kubeconfig_path(target.kubeconfig)
+    if path is None:
+        if target.context:
+            raise KubeconfigError(f"--context {target.context} needs a kubeconfig, and none was found")
+        return _official(target, job_namespace, None, None)
+    kubeconfig = Kubeconfig.read(path)
+    context_name = target.context or kubeconfig.current_context
+    context = kubeconfig.context(context_name, explicit=target.context is not None)
+    kubeconfig.check_server(context_name)
+    transport = lean_transport(kubeconfig, context_name or "") if lean else None
+    if transport is None:
+        return _official(target, job_namespace, kubeconfig, context_name)
+    secrets = [*kubeconfig.secrets(), *([transport.token] if transport.token else [])]
+    return _cluster(
+        target, job_namespace, transport, f"context {context_name}", context.get("namespace"), secrets
+    )
+
+
+def _cluster(
+    target: Target,
+    job_namespace: str | None,
+    transport: Any,
+    where: str,
+    context_namespace: str | None,
+    secrets: list[str],
+) -> Cluster:
+    namespace = target.namespace or job_namespace or context_namespace or DEFAULT_NAMESPACE
+    flags = (*(("--kubeconfig", target.kubeconfig) if target.kubeconfig else ()),
+             *(("--context", target.context) if target.context else ()))  # fmt: skip
+    return Cluster(
+        transport,
+        namespace,
+        server=f"{redact_url(transport.host)} ({where})",
+        request_timeout=target.request_timeout,
+        secrets=secrets,
+        kubectl_flags=flags,
+    )
+
+
+def _official(
+    target: Target, job_namespace: str | None, kubeconfig: Kubeconfig | None, context_name: str | None
+) -> Cluster:
+    """Through the official client: its kubeconfig loader (credential plugins, auth providers, proxies) or
+    the in-cluster service account."""
     from kubernetes import client, config
 
-    path = _kubeconfig_path(target.kubeconfig)
+    from orchestrator.cluster.rest import OfficialTransport
+
     configuration = client.Configuration()
     # Connections kept for reuse: the client's default (5 per CPU) is below what `orch logs -f` holds open
     # (its streams + 2 watches); each one over it would be closed with a warning on stderr.
     configuration.connection_pool_maxsize = CONNECTION_POOL
     secrets: list[str] = []
-    if path is None:
-        if target.context:
-            raise KubeconfigError(f"--context {target.context} needs a kubeconfig, and none was found")
+    if kubeconfig is None:
         try:
             # kubernetes' config loaders are untyped
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -63,10 +121,8 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
         context_namespace = _read_file(IN_CLUSTER_NAMESPACE_FILE)
         where = "in-cluster service account"
     else:
-        kubeconfig = Kubeconfig.read(path)
-        context_name = target.context or kubeconfig.current_context
-        context = kubeconfig.context(context_name, explicit=target.context is not None)
-        kubeconfig.check_server(context_name)
+        path = kubeconfig.path
+        context = kubeconfig.contexts[context_name or ""]
         context_namespace = context.get("namespace")
         user = kubeconfig.user(context.get("user"))
         secrets = kubeconfig.secrets()
@@ -89,17 +145,128 @@ def connect(target: Target, *, job_namespace: str | None = None) -> Cluster:
     # orch retries itself (with backoff and a clear final message); urllib3's silent retries would stack.
     configuration.retries = 0
     secrets += _configuration_secrets(configuration)
-    namespace = target.namespace or job_namespace or context_namespace or DEFAULT_NAMESPACE
-    flags = (*(("--kubeconfig", target.kubeconfig) if target.kubeconfig else ()),
-             *(("--context", target.context) if target.context else ()))  # fmt: skip
-    return Cluster(
-        client.ApiClient(configuration),
-        namespace,
-        server=f"{redact_url(configuration.host)} ({where})",
-        request_timeout=target.request_timeout,
-        secrets=secrets,
-        kubectl_flags=flags,
-    )
+    transport = OfficialTransport(client.ApiClient(configuration))
+    return _cluster(target, job_namespace, transport, where, context_namespace, secrets)
+
+
+# --- the lean transport ------------------------------------------------------------------------------------
+
+# What a kubeconfig may hold for the lean transport to serve it; anything else (an exec plugin, an auth
+# provider, a proxy-url, basic auth, impersonation, a field added later) goes through the official client.
+LEAN_USER_KEYS = frozenset(
+    {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key", "client-key-data"}
+)
+LEAN_CLUSTER_KEYS = frozenset(
+    {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
+     "tls-server-name", "extensions"}
+)  # fmt: skip
+LEAN_CONTEXT_KEYS = frozenset({"cluster", "user", "namespace", "extensions"})
+
+
+def lean_transport(kubeconfig: Kubeconfig, context_name: str) -> LeanTransport | None:
+    """A urllib3 transport for the context, when its user and cluster hold only what the lean transport
+    serves (LEAN_*_KEYS, as strings, with the official client's precedence: `token` over `tokenFile`, `-data`
+    over the file); None otherwise (the caller falls back to the official client). Relative file names are
+    relative to the kubeconfig file that defined the entry, as kubectl reads them."""
+    import urllib3
+
+    from orchestrator.cluster.rest import LeanTransport
+
+    context = kubeconfig.contexts[context_name]
+    cluster_name, user_name = str(context.get("cluster")), context.get("user") or ""
+    cluster = kubeconfig.clusters[cluster_name]
+    user = kubeconfig.users.get(user_name, {})
+    strings = {
+        k: v for k, v in {**cluster, **user}.items() if k not in ("insecure-skip-tls-verify", "extensions")
+    }
+    if (
+        set(context) - LEAN_CONTEXT_KEYS
+        or set(cluster) - LEAN_CLUSTER_KEYS
+        or set(user) - LEAN_USER_KEYS
+        or not all(isinstance(v, str) for v in strings.values())
+        or not isinstance(cluster.get("insecure-skip-tls-verify", False), bool)
+        or any(k.startswith("client-certificate") for k in user)
+        != any(k.startswith("client-key") for k in user)
+    ):
+        return None
+
+    def fail(problem: str) -> NoReturn:
+        raise KubeconfigError(
+            scrub(f"kubeconfig {kubeconfig.path}: context {context_name}: cannot use it: {problem}",
+                  kubeconfig.secrets())
+        )  # fmt: skip
+
+    def file(entry: dict[str, Any], origin: str, key: str) -> str:
+        base = os.path.dirname(os.path.abspath(origin))
+        return os.path.join(base, os.path.expanduser(entry[key]))
+
+    cluster_file = kubeconfig.origins.get(("clusters", cluster_name), kubeconfig.path)
+    user_file = kubeconfig.origins.get(("users", user_name), kubeconfig.path)
+    token = user.get("token") or None
+    if token is None and user.get("tokenFile"):
+        try:
+            with open(file(user, user_file, "tokenFile"), encoding="utf-8") as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            fail(f"users.{user_name}.tokenFile: {e.strerror}: {user['tokenFile']}")
+    host = str(cluster["server"]).rstrip("/")
+    pool_options: dict[str, Any] = {}
+    if host.startswith("https"):
+        try:
+            pool_options = _tls_options(cluster, cluster_file, user, user_file, file)
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError; bad base64 a ValueError
+            fail(f"TLS setup: {' '.join(str(e).split())}")
+    # orch retries itself (with backoff and a clear final message); urllib3's silent retries would stack.
+    pool = urllib3.PoolManager(num_pools=4, maxsize=CONNECTION_POOL, retries=0, **pool_options)
+    return LeanTransport(host, pool, token=token)
+
+
+def _tls_options(
+    cluster: dict[str, Any], cluster_file: str, user: dict[str, Any], user_file: str, file: Any
+) -> dict[str, Any]:
+    """urllib3's TLS arguments for a cluster: its CA (file or data), the user's client certificate (files or
+    data), `insecure-skip-tls-verify`, `tls-server-name`; what the official client's `RESTClientObject` sets."""
+    import base64
+    import ssl
+    import tempfile
+
+    from urllib3.util.ssl_ import create_urllib3_context
+
+    insecure = cluster.get("insecure-skip-tls-verify") is True
+    context = create_urllib3_context(cert_reqs=ssl.CERT_NONE if insecure else ssl.CERT_REQUIRED)
+    if not insecure:
+        if cluster.get("certificate-authority-data"):
+            pem = base64.b64decode(cluster["certificate-authority-data"], validate=True).decode("ascii")
+            context.load_verify_locations(cadata=pem)
+        elif cluster.get("certificate-authority"):
+            context.load_verify_locations(cafile=file(cluster, cluster_file, "certificate-authority"))
+        else:
+            context.load_default_certs()
+    pair: list[bytes | str] = []
+    for key in ("client-certificate", "client-key"):
+        if user.get(f"{key}-data"):
+            pair.append(base64.b64decode(user[f"{key}-data"], validate=True))
+        elif user.get(key):
+            pair.append(file(user, user_file, key))
+    if len(pair) == 2:
+        with contextlib.ExitStack() as stack:
+            paths = []
+            for item in pair:
+                # ssl reads keys from files only: one only this user can read, deleted at once
+                if isinstance(item, bytes):
+                    temp = stack.enter_context(tempfile.NamedTemporaryFile("wb", suffix=".pem"))
+                    temp.write(item)
+                    temp.flush()
+                    paths.append(temp.name)
+                else:
+                    paths.append(item)
+            context.load_cert_chain(certfile=paths[0], keyfile=paths[1])
+    options: dict[str, Any] = {"ssl_context": context, "cert_reqs": context.verify_mode}
+    if insecure:
+        options["assert_hostname"] = False
+    if cluster.get("tls-server-name"):
+        options["server_hostname"] = cluster["tls-server-name"]
+    return options
 
 
 def resolve_namespace(target: Target, *, job_namespace: str | None = None) -> str:
@@ -150,6 +317,7 @@ class Kubeconfig:
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
     current_context: str | None = None
     raw_users: list[Any] = field(default_factory=list)
+    origins: dict[tuple[str, str], str] = field(default_factory=dict)  # (section, name): the file defining it
 
     @classmethod
     def read(cls, path: str) -> Kubeconfig:
@@ -161,8 +329,10 @@ class Kubeconfig:
                 merged.contexts.setdefault(item["name"], item.get("context") or {})
             for item in data.get("clusters") or []:
                 merged.clusters.setdefault(item["name"], item.get("cluster") or {})
+                merged.origins.setdefault(("clusters", item["name"]), file)
             for item in data.get("users") or []:
                 merged.users.setdefault(item["name"], item.get("user") or {})
+                merged.origins.setdefault(("users", item["name"]), file)
                 merged.raw_users.append(item.get("user"))
             if merged.current_context is None:
                 merged.current_context = data.get("current-context") or None

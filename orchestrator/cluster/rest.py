@@ -1,24 +1,125 @@
-"""The Kubernetes API calls `Cluster` makes, as paths, sent through the official client's `ApiClient`.
+"""The Kubernetes API calls `Cluster` makes, as paths, sent through one of two transports.
 
-The `ApiClient` still does everything that matters (kubeconfig auth, TLS, proxies, the connection pool). What is
-left out are the generated API classes (`CoreV1Api`, `CustomObjectsApi`): importing one builds pydantic models
-for every type its methods name, ~250 of them, which cost each orch command more CPU than everything else it
-does (benchmarks section 10). orch reads raw JSON anyway (`_preload_content=False`), so it needs none of them.
+- `OfficialTransport`: the official client's `ApiClient`, which does everything a kubeconfig can ask for
+  (credential plugins, auth providers, proxies). `orch submit`, `doctor` and render's cluster checks use it
+  (docs/decisions.md), and the follow commands fall back to it for any kubeconfig the lean one does not cover.
+- `LeanTransport`: urllib3 directly (the library the official client's `RESTClientObject` sends with), for
+  the follow commands (status, list, logs, wait, delete, top) when the kubeconfig's user is a bearer token or a
+  client certificate (connection.py decides). Importing the `kubernetes` package costs ~0.7 CPU-s (every
+  generated model, pydantic, google-auth), seven times what kubectl takes for the whole `get pods`
+  (benchmarks section 10); this path never imports it.
+
+Neither uses the generated API classes (`CoreV1Api`, `CustomObjectsApi`): orch reads raw JSON anyway.
 
 Each method has the name and positional arguments of the generated method it replaces; keyword arguments are
-the same query parameters in snake case (`label_selector`, `_continue`, `tail_lines`...). A non-2xx answer
-raises `ApiException` as the generated methods do, so `Cluster`'s retries and translation are unchanged.
+the same query parameters in snake case (`label_selector`, `_continue`, `tail_lines`...). Both transports
+answer the same way: the urllib3 response (unread) for a 2xx, `HttpError` for any other status, urllib3's
+exceptions for a connection that failed (a TLS failure included), so `Cluster`'s retries and translation do
+not know which one sent the request.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlencode
 
 if TYPE_CHECKING:
+    import urllib3
     from kubernetes.client import ApiClient
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+
+
+class HttpError(Exception):
+    """The API server answered with a status other than 2xx (what `ApiException` carries, without importing
+    the kubernetes package): `status`, `reason`, `body` (text) and `headers`."""
+
+    def __init__(self, status: int, reason: str, body: str, headers: Any) -> None:
+        super().__init__(f"({status}) Reason: {reason}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+        self.headers = headers
+
+
+class Transport(Protocol):
+    """Sends one request; a 2xx's urllib3 response (unread), else `HttpError` or urllib3's exceptions."""
+
+    host: str
+
+    def send(
+        self, method: str, path: str, query: list[tuple[str, Any]], headers: dict[str, str], body: Any,
+        timeout: Any,
+    ) -> Any: ...  # fmt: skip
+
+
+class OfficialTransport:
+    """Through the official client's `ApiClient` (its kubeconfig loader did the auth)."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self.api_client = api_client
+        self.host = str(api_client.configuration.host)
+
+    def send(
+        self, method: str, path: str, query: list[tuple[str, Any]], headers: dict[str, str], body: Any,
+        timeout: Any,
+    ) -> Any:  # fmt: skip
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        request = self.api_client.param_serialize(
+            method=method, resource_path=path, query_params=query, header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:
+            response = self.api_client.call_api(*request, _request_timeout=timeout)
+        except ApiException as e:
+            if e.status == 0:  # the client's RESTClientObject turns urllib3's SSLError into status 0
+                raise urllib3.exceptions.SSLError(" ".join(str(e.reason).split("\n")[1:])) from e
+            raise
+        if not 200 <= response.status <= 299:
+            data = response.read()  # type: ignore[no-untyped-call]  # kubernetes' RESTResponse is untyped
+            raise HttpError(response.status, str(response.reason or ""), _text(data), response.headers)
+        return response.response
+
+
+class LeanTransport:
+    """Through a urllib3 pool set up by connection.py (TLS context, pool size, no urllib3 retries), with the
+    kubeconfig's bearer token, if any, on every request."""
+
+    def __init__(self, host: str, pool: urllib3.PoolManager, *, token: str | None = None) -> None:
+        self.host = host
+        self.pool = pool
+        self.token = token
+
+    def send(
+        self, method: str, path: str, query: list[tuple[str, Any]], headers: dict[str, str], body: Any,
+        timeout: Any,
+    ) -> Any:  # fmt: skip
+        import urllib3
+
+        url = self.host + path + (f"?{urlencode(query)}" if query else "")
+        if self.token:
+            headers = {**headers, "Authorization": f"Bearer {self.token}"}
+        if isinstance(timeout, tuple):
+            timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        elif timeout:
+            timeout = urllib3.Timeout(total=timeout)
+        data = None if body is None else json.dumps(body).encode()
+        response = self.pool.request(
+            method, url, body=data, headers=headers, timeout=timeout, preload_content=False, redirect=False
+        )
+        if not 200 <= response.status <= 299:
+            text = _text(response.read())
+            response.release_conn()
+            raise HttpError(response.status, str(response.reason or ""), text, response.headers)
+        return response
+
+
+def _text(data: Any) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
 
 
 def _query_name(key: str) -> str:
@@ -32,28 +133,18 @@ def _query_value(value: Any) -> Any:
 
 
 class Rest:
-    def __init__(self, api_client: ApiClient) -> None:
-        self.api_client = api_client
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
 
     def call(
         self, method: str, path: str, body: Any = None, *, content_type: str = JSON, **options: Any
     ) -> Any:
-        """One request; the urllib3 response (unread), or ApiException for any answer but 2xx."""
-        from kubernetes.client.exceptions import ApiException
-
+        """One request; the urllib3 response (unread), or `HttpError` for any answer but 2xx."""
         timeout = options.pop("_request_timeout", None)
         options.pop("_preload_content", None)  # always raw: the caller reads the JSON
         query = [(_query_name(k), _query_value(v)) for k, v in options.items() if v is not None]
         headers = {"Accept": JSON, **({"Content-Type": content_type} if body is not None else {})}
-        request = self.api_client.param_serialize(
-            method=method, resource_path=path, query_params=query, header_params=headers, body=body,
-            auth_settings=["BearerToken"],
-        )  # fmt: skip
-        response = self.api_client.call_api(*request, _request_timeout=timeout)
-        if not 200 <= response.status <= 299:
-            response.read()  # type: ignore[no-untyped-call]  # kubernetes' RESTResponse is untyped
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return response.response
+        return self.transport.send(method, path, query, headers, body, timeout)
 
 
 class CoreCalls(Rest):
@@ -122,3 +213,20 @@ class CustomCalls(Rest):
     ) -> Any:
         path = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
         return self.call("DELETE", path, **options)
+
+
+class ClusterCalls(Rest):
+    """The rest: discovery, the server's version, access reviews, CRDs (`ApisApi.get_api_versions`,
+    `VersionApi.get_code`, `AuthorizationV1Api`'s and `ApiextensionsV1Api`'s methods of the same names)."""
+
+    def get_api_versions(self, **options: Any) -> Any:
+        return self.call("GET", "/apis/", **options)
+
+    def get_code(self, **options: Any) -> Any:
+        return self.call("GET", "/version/", **options)
+
+    def create_self_subject_access_review(self, body: Any, **options: Any) -> Any:
+        return self.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body, **options)
+
+    def read_custom_resource_definition(self, name: str, **options: Any) -> Any:
+        return self.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", **options)

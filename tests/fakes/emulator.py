@@ -29,6 +29,7 @@ import contextlib
 import datetime
 import json
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from tests.fakes.kube import Kube
 
 kmock = pytest.importorskip("kmock")
+import aiohttp.test_utils  # noqa: E402  (kmock's own server class, which `tls` extends)
 from kmock._internal import enums, k8s  # noqa: E402  (internal: pinned kmock==0.8)
 
 JOBS = "kubeflow.org/v1/pytorchjobs"
@@ -555,6 +557,14 @@ def kmock_json(data: Any, status: int):  # type: ignore[no-untyped-def]
     return aiohttp.web.json_response(data, status=status)
 
 
+def _https_server(context: ssl.SSLContext) -> type[aiohttp.test_utils.RawTestServer]:
+    class HttpsServer(aiohttp.test_utils.RawTestServer):
+        async def start_server(self, **kwargs: Any) -> None:
+            await super().start_server(ssl=context, **kwargs)
+
+    return HttpsServer
+
+
 @contextlib.contextmanager
 def serve(
     *,
@@ -563,13 +573,15 @@ def serve(
     prometheus_operator: bool = True,
     kueue: str | None = None,
     volcano: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> Iterator[Kube]:
     """Run the emulator on its own thread and event loop (the sync client blocks); yields a `Kube`.
 
     Which CRDs are served: `operator`, the training operator v1's PyTorchJob; `trainer`, Kubeflow Trainer v2's
     TrainJob, TrainingRuntime, ClusterTrainingRuntime and JobSet (its dependency); `prometheus_operator`,
     PodMonitor; `kueue`, Kueue's Workload and LocalQueue in that API version (v1beta1 up to Kueue v0.15,
-    v1beta2 from v0.16; tests/fakes/queues.py plays Kueue); `volcano`, Volcano's PodGroup."""
+    v1beta2 from v0.16; tests/fakes/queues.py plays Kueue); `volcano`, Volcano's PodGroup. `tls`: served over
+    HTTPS with this server context (tests/fakes/tls.py makes one), its URL https://127.0.0.1:PORT."""
     ready, box, loop = threading.Event(), {}, asyncio.new_event_loop()
 
     def declare(k: RealisticK8s) -> None:
@@ -622,7 +634,8 @@ def serve(
             )
 
     async def main() -> None:
-        async with RealisticK8s() as k, kmock.Server(k) as server:
+        server_cls = _https_server(tls) if tls is not None else aiohttp.test_utils.RawTestServer
+        async with RealisticK8s() as k, kmock.Server(k, server_cls=server_cls) as server:
             declare(k)
             box.update(k=k, url=str(server.url).rstrip("/"), stop=asyncio.Event())
             ready.set()
