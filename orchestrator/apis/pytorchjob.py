@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.apis.base import JobAPI
 from orchestrator.apis.registry import REGISTRY
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
@@ -179,7 +180,7 @@ class PyTorchJobAPI:
         return max((status.restart_count(p, self.container) for p in pods), default=0)
 
 
-API = PyTorchJobAPI()
+API: JobAPI = PyTorchJobAPI()
 
 
 # --- restarts, elasticity and gangs: the spec in the operator's terms --------------------------------------

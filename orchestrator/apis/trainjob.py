@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator.apis.base import JobAPI
 from orchestrator.apis.registry import REGISTRY
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
@@ -326,7 +327,7 @@ def condition(phase: str, reason: str, message: str) -> dict[str, str]:
     return {"type": phase, "reason": reason, "message": message}
 
 
-API = TrainJobAPI()
+API: JobAPI = TrainJobAPI()
 
 
 # --- what a TrainJob cannot carry ----------------------------------------------------------------------------
