@@ -105,9 +105,9 @@ def exits_early(at_step: int = 3) -> Task:
     return task
 
 
-def eval_says(value: object) -> Task:
+def eval_says(value: object, **synthetic_args) -> Task:
     """A task whose on_eval returns {"verdict": value} (a string is allowed; a list is not)."""
-    task = synthetic.make()
+    task = synthetic.make(**synthetic_args)
     task.on_eval = lambda step, results: {"verdict": value}
     return task
 
