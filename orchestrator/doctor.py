@@ -448,16 +448,17 @@ def cluster_checks(
 
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     """Judge `orchestrator.cluster.probes.gather`'s plain-data answer (see that function for its keys)."""
-    from orchestrator.resources import JOBSET, KUEUE_GROUP  # constants; kubernetes stays unimported
+    from orchestrator.apis import by_key  # a table of constants; kubernetes stays unimported
+    from orchestrator.resources import KUEUE_GROUP
 
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
     apis = facts.get("apis") or {}
     served = {key for key, api in apis.items() if api.get("versions")}
     checks += [_api_check(key, api, served) for key, api in apis.items()]
-    if "cluster_runtimes" in facts:  # the probes ask for Trainer v2's runtimes when it is served
-        checks.append(_jobset_check(JOBSET.group, facts.get("jobset_versions") or []))
-        checks.append(_runtimes_check(facts.get("cluster_runtimes"), facts.get("runtimes_error")))
-        checks.append(_trainer_level_check(facts.get("trainer_level"), facts.get("trainer_level_error")))
+    for key in (
+        k for k in apis if k in served
+    ):  # what each served API needs besides its kind: its module judges
+        checks += [Check(*line) for line in by_key(key).setup_checks(apis[key].get("setup") or {})]
     kueue = facts.get("kueue_versions") or []
     checks.append(
         Check("Kueue", OK, f"{KUEUE_GROUP} {', '.join(kueue)}")
@@ -495,53 +496,6 @@ def _api_check(key: str, api: dict[str, Any], served: set[str]) -> Check:
         others = " and ".join(sorted(served))
         return Check(name, OK, f"{detail}; `api: auto` submits to {others}")
     return Check(name, FAIL, detail, f"install the {job_api.operator}: {job_api.install}")
-
-
-def _jobset_check(group: str, versions: list[str]) -> Check:
-    if versions:
-        return Check("JobSet", OK, f"{group} {', '.join(versions)}")
-    return Check(
-        "JobSet",
-        FAIL,
-        f"{group} is not served: TrainJobs cannot start without it",
-        "install JobSet (the Kubeflow Trainer Helm chart installs it as a dependency)",
-    )
-
-
-def _runtimes_check(names: list[str] | None, error: str | None) -> Check:
-    if names is None:
-        return Check(
-            "training runtimes",
-            WARN,
-            f"cannot list ClusterTrainingRuntimes ({error})",
-            "only `runtime: NAME` needs them; ask an admin which runtimes exist",
-        )
-    if not names:
-        return Check(
-            "training runtimes", OK, "no ClusterTrainingRuntimes (orch renders a TrainingRuntime per job)"
-        )
-    return Check("training runtimes", OK, f"ClusterTrainingRuntimes: {', '.join(names)}")
-
-
-def _trainer_level_check(level: str | None, error: str | None) -> Check:
-    """Which Trainer release's TrainJob fields the cluster serves, and what orch cannot do there."""
-    from orchestrator.apis.trainjob import FEATURES_MISSING
-
-    name = "Trainer features"
-    if level is None:
-        why = (
-            f"cannot read the TrainJob CRD ({error})" if error else "the TrainJob CRD's schema is unreadable"
-        )
-        return Check(name, OK, f"unknown: {why}; deadline and runtime: NAME need Trainer v2.2+")
-    missing = FEATURES_MISSING.get(level, "")
-    if not missing:
-        return Check(name, OK, f"TrainJob fields of Trainer {level}: everything orch renders")
-    return Check(
-        name,
-        WARN,
-        f"TrainJob fields of Trainer {level}: {missing}",
-        "orch refuses such a submit with one line naming the field; upgrade Trainer to use them",
-    )
 
 
 def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> Check:

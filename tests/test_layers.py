@@ -143,3 +143,17 @@ def test_no_module_outside_apis_reads_an_apis_own_fields():
         if isinstance(node, ast.Constant) and node.value in fields
     }
     assert offenders == set()
+
+
+def test_no_module_outside_apis_imports_an_api_module():
+    """Everything above apis/ reaches an API through the registry (apis.by_key, apis.all_apis): `orch doctor`'s
+    checks of what an API needs included (JobAPI.setup_reads, setup_checks)."""
+    from orchestrator.apis.registry import REGISTRY
+
+    api_modules = {entry.module for entry in REGISTRY.values()}
+    importers = {
+        name
+        for name, targets in GRAPH.items()
+        if not within(name, ("orchestrator.apis",)) and targets & api_modules
+    }
+    assert importers == set()

@@ -10,12 +10,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.resources import Resource
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class SetupReads:
+    """What `orch doctor --cluster` reads where an API is served, beyond its own kind (cluster/probes.py reads
+    them; the API module judges what was found, in `setup_checks`)."""
+
+    crd: str | None = None  # the job kind's CRD, by name (which release's fields the cluster serves)
+    cluster_lists: tuple[Resource, ...] = ()  # cluster-scoped kinds whose objects' names matter (runtimes)
+    groups: tuple[str, ...] = ()  # API groups it needs served (what runs its jobs: JobSet)
+
+
+# One line of `orch doctor`: (name, "OK" | "WARN" | "FAIL", detail, fix; "" when OK).
+SetupCheck = tuple[str, str, str, str]
 
 
 class JobAPI(Protocol):
@@ -30,6 +45,7 @@ class JobAPI(Protocol):
     operator: str  # what serves it, in words: "Kubeflow training operator"
     install: str  # one line: how a cluster admin installs it (and where its docs are)
     docs: str  # the upstream docs page of the API (docs tables, `orch doctor`)
+    setup_reads: SetupReads  # what `orch doctor --cluster` reads where the API is served
 
     # --- writing: from a validated spec ---
 
@@ -105,4 +121,12 @@ class JobAPI(Protocol):
 
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """How many times the job (or, where the API cannot restart it whole, a pod of it) restarted."""
+        ...
+
+    # --- orch doctor --cluster: from what `setup_reads` found ---
+
+    def setup_checks(self, found: dict[str, Any]) -> list[SetupCheck]:
+        """Whether what the API needs besides its kind is there, where the API is served. `found`: `crd` (or
+        None with `crd_error`), `lists` ({kind: names, or None with `list_errors`[kind]}), `groups`
+        ({group: served versions})."""
         ...

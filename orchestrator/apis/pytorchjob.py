@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
-from orchestrator.apis.base import JobAPI
+from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
 from orchestrator.apis.registry import REGISTRY
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
@@ -63,6 +63,7 @@ class PyTorchJobAPI:
     operator = REGISTRY[key].operator
     install = f"{INSTALL} (see {DOCS})"
     docs = DOCS
+    setup_reads = SetupReads()
 
     # --- writing ---
 
@@ -162,6 +163,9 @@ class PyTorchJobAPI:
         nodes = sum(status.to_int(r.get("replicas")) for r in specs)
         gpus = max((status.template_gpus(r.get("template"), self.container) for r in specs), default=0)
         return nodes, gpus
+
+    def setup_checks(self, found: dict[str, Any]) -> list[SetupCheck]:
+        return []  # the operator alone runs PyTorchJobs
 
     def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Each replica's template (Master, Worker)."""

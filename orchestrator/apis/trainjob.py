@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, pod, scheduling, status, templates
-from orchestrator.apis.base import JobAPI
+from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
 from orchestrator.apis.registry import REGISTRY
-from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
+from orchestrator.resources import CONFIGMAP, JOBSET, PODMONITOR, Resource
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
@@ -160,6 +160,7 @@ class TrainJobAPI:
     operator = REGISTRY[key].operator
     install = f"{INSTALL} (see {DOCS})"
     docs = DOCS
+    setup_reads = SetupReads(crd=CRD_NAME, cluster_lists=(CLUSTER_TRAINING_RUNTIME,), groups=(JOBSET.group,))
 
     # --- writing ---
 
@@ -321,6 +322,67 @@ class TrainJobAPI:
             (status.to_int(status.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
             default=0,
         )  # fmt: skip
+
+    # --- orch doctor --cluster ---
+
+    def setup_checks(self, found: dict[str, Any]) -> list[SetupCheck]:
+        """JobSet (which runs TrainJobs), the ClusterTrainingRuntimes, and which Trainer release's fields the
+        TrainJob CRD has."""
+        kind = CLUSTER_TRAINING_RUNTIME.kind
+        crd = found.get("crd")
+        return [
+            _jobset_check(JOBSET.group, (found.get("groups") or {}).get(JOBSET.group) or []),
+            _runtimes_check((found.get("lists") or {}).get(kind), (found.get("list_errors") or {}).get(kind)),
+            _trainer_level_check(feature_level(crd) if crd is not None else None, found.get("crd_error")),
+        ]
+
+
+def _jobset_check(group: str, versions: list[str]) -> SetupCheck:
+    if versions:
+        return ("JobSet", "OK", f"{group} {', '.join(versions)}", "")
+    return (
+        "JobSet",
+        "FAIL",
+        f"{group} is not served: TrainJobs cannot start without it",
+        "install JobSet (the Kubeflow Trainer Helm chart installs it as a dependency)",
+    )
+
+
+def _runtimes_check(names: list[str] | None, error: str | None) -> SetupCheck:
+    if names is None:
+        return (
+            "training runtimes",
+            "WARN",
+            f"cannot list ClusterTrainingRuntimes ({error})",
+            "only `runtime: NAME` needs them; ask an admin which runtimes exist",
+        )
+    if not names:
+        return (
+            "training runtimes",
+            "OK",
+            "no ClusterTrainingRuntimes (orch renders a TrainingRuntime per job)",
+            "",
+        )
+    return ("training runtimes", "OK", f"ClusterTrainingRuntimes: {', '.join(names)}", "")
+
+
+def _trainer_level_check(level: str | None, error: str | None) -> SetupCheck:
+    """Which Trainer release's TrainJob fields the cluster serves, and what orch cannot do there."""
+    name = "Trainer features"
+    if level is None:
+        why = (
+            f"cannot read the TrainJob CRD ({error})" if error else "the TrainJob CRD's schema is unreadable"
+        )
+        return (name, "OK", f"unknown: {why}; deadline and runtime: NAME need Trainer v2.2+", "")
+    missing = FEATURES_MISSING.get(level, "")
+    if not missing:
+        return (name, "OK", f"TrainJob fields of Trainer {level}: everything orch renders", "")
+    return (
+        name,
+        "WARN",
+        f"TrainJob fields of Trainer {level}: {missing}",
+        "orch refuses such a submit with one line naming the field; upgrade Trainer to use them",
+    )
 
 
 def condition(phase: str, reason: str, message: str) -> dict[str, str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import naming, status
-from orchestrator.apis import all_apis, trainjob
+from orchestrator.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.resources import JOBSET, KUEUE_GROUP, PODMONITOR
+from orchestrator.resources import KUEUE_GROUP, PODMONITOR
 
 GPU_RESOURCE = naming.GPU_RESOURCE
 GPU_PRODUCT_LABEL = naming.GPU_PRODUCT_LABEL
@@ -19,12 +19,9 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     """What `orch doctor --cluster` needs to know, as plain data:
 
     server, version, namespace; apis: {api key: {kind, group, versions (those serving the kind; [] if not
-    served)}}; jobset_versions, kueue_versions (the groups' versions, [] if absent); cluster_runtimes (names of
-    the ClusterTrainingRuntimes, or None with runtimes_error; only asked where TrainJob is served);
-    trainer_level (the Trainer release the TrainJob CRD's schema matches, "v2.0".."v2.3", or None with
-    trainer_level_error when the CRD cannot be read: it is cluster-scoped);
-    monitoring_resources (monitoring.coreos.com/v1 resources); nodes ([{name, gpus, product}], or None with
-    nodes_error when listing nodes is forbidden); access: {api key: {allowed, reason} or {error}} for each
+    served), and for a served API setup: what its `setup_reads` found (see `_setup`)}}; kueue_versions (the
+    group's versions, [] if absent); monitoring_resources (monitoring.coreos.com/v1 resources); nodes
+    ([{name, gpus, product}], or None with nodes_error when listing nodes is forbidden); access: {api key: {allowed, reason} or {error}} for each
     served API (the create right in this namespace).
     Raises ClusterError (ClusterUnreachable, ...) when the cluster cannot be reached at all.
     """
@@ -34,7 +31,6 @@ def gather(cluster: Cluster) -> dict[str, Any]:
         "version": status.text(cluster.server_version().get("gitVersion")) or None,
         "namespace": cluster.namespace,
         "apis": {},
-        "jobset_versions": groups.get(JOBSET.group, []),
         "kueue_versions": groups.get(KUEUE_GROUP, []),
         "access": {},
     }
@@ -46,23 +42,12 @@ def gather(cluster: Cluster) -> dict[str, Any]:
         facts["apis"][api.key] = {"kind": r.kind, "group": r.group, "versions": versions}
         if not versions:
             continue
+        facts["apis"][api.key]["setup"] = _setup(cluster, api, groups)
         try:
             allowed, reason = cluster.can_i("create", r)
             facts["access"][api.key] = {"allowed": allowed, "reason": reason}
         except ClusterError as e:
             facts["access"][api.key] = {"error": str(e)}
-    if facts["apis"][trainjob.API.key]["versions"]:
-        try:
-            facts["trainer_level"] = trainjob.feature_level(cluster.crd(trainjob.CRD_NAME))
-        except ClusterError as e:
-            facts["trainer_level"], facts["trainer_level_error"] = None, str(e)
-        try:
-            runtimes = cluster.list(trainjob.CLUSTER_TRAINING_RUNTIME, all_namespaces=True)
-            facts["cluster_runtimes"] = sorted(
-                status.text(status.dig(r, "metadata", "name")) for r in runtimes
-            )
-        except ClusterError as e:
-            facts["cluster_runtimes"], facts["runtimes_error"] = None, str(e)
     monitoring = cluster.api_resources(PODMONITOR.group, PODMONITOR.version) or []
     facts["monitoring_resources"] = sorted(name for name in monitoring if "/" not in name)
     try:
@@ -77,3 +62,26 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     except Forbidden as e:
         facts["nodes"], facts["nodes_error"] = None, str(e)
     return facts
+
+
+def _setup(cluster: Cluster, api: JobAPI, groups: dict[str, list[str]]) -> dict[str, Any]:
+    """What `api.setup_reads` names: crd (the CRD, or None with crd_error: it is cluster-scoped, most users
+    may not read it), lists ({kind: sorted names, or None with list_errors[kind]}), groups ({group: versions,
+    [] if absent})."""
+    reads = api.setup_reads
+    found: dict[str, Any] = {"groups": {g: groups.get(g, []) for g in reads.groups}, "lists": {}}
+    if reads.crd is not None:
+        try:
+            found["crd"] = cluster.crd(reads.crd)
+        except ClusterError as e:
+            found["crd"], found["crd_error"] = None, str(e)
+    for resource in reads.cluster_lists:
+        try:
+            objects = cluster.list(resource, all_namespaces=True)
+            found["lists"][resource.kind] = sorted(
+                status.text(status.dig(o, "metadata", "name")) for o in objects
+            )
+        except ClusterError as e:
+            found["lists"][resource.kind] = None
+            found.setdefault("list_errors", {})[resource.kind] = str(e)
+    return found
