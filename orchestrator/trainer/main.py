@@ -203,8 +203,7 @@ def train(
     else:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
     # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
-    saved_tracking = (resumed.state.get("tracking") or {}) if resumed is not None else {}
-    tracker.start(run_id=saved_tracking.get("mlflow_run_id"), step=step)
+    tracker.start(saved=(resumed.state.get("tracking") or {}) if resumed is not None else {}, step=step)
     del resumed
     samples_per_rank = micro * layout.accumulation
     work = report.Workload(
@@ -224,7 +223,7 @@ def train(
             "counters": progress.counters(),
             "data_order": layout.order,
             "num_workers": cfg.num_workers,  # a stream's split depends on it (data.ShardedStream)
-            "tracking": tracker.state(),  # {"mlflow_run_id": ...} from rank 0, which writes the checkpoint
+            "tracking": tracker.state(),  # the MLflow run's key and id, from rank 0, which writes the checkpoint
         }
         checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
         if world.is_main and kept is not output_dir and runtime.tracking.tensorboard_dir:

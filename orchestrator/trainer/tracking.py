@@ -3,7 +3,7 @@
 Sinks in the torchtitan style: a `NullTracker` that does nothing (every rank but 0, or tracking off), one class
 per backend, and `Trackers` that fans out to several. The loop calls the same four methods whatever is on:
 
-    tracker.start(run_id=..., step=...)      after the resume: continue the checkpoint's MLflow run, if any
+    tracker.start(saved=..., step=...)       after the resume: continue the checkpoint's MLflow run, if any
     tracker.log_metrics(step, {"train/loss": ...})   at log steps and evaluations
     tracker.log_artifacts([summary.json, model.pt])  at the end
     tracker.close(failed=...)                in the entrypoint's `finally`
@@ -11,9 +11,10 @@ per backend, and `Trackers` that fans out to several. The loop calls the same fo
 Tracking never takes training down, and never blocks a collective path. MLflow calls run on a background
 thread: a server that does not answer costs the loop nothing, is one warning, and what it missed is kept and
 sent again later (every `retry_seconds`, and once more at the end); what still could not be sent is said when
-the run closes, which waits at most `close_seconds` ($ORCH_TRACKING_CLOSE_SECONDS). A checkpoint records the
-run known at that moment and never waits for the server (rank 0 would hold the other ranks in the
-checkpoint's collectives). An error that trying again cannot fix (a refused request, a store MLflow will not
+the run closes, which waits at most `close_seconds` ($ORCH_TRACKING_CLOSE_SECONDS). A checkpoint never waits
+for the server (rank 0 would hold the other ranks in the checkpoint's collectives): it records the run's key, a
+random id drawn when the training run starts and tagged on the MLflow run when it is created, and the run's id
+once known; a resume from a checkpoint taken before the run existed finds it by that tag. An error that trying again cannot fix (a refused request, a store MLflow will not
 open) is said once, in full, and MLflow is switched off for the run. A TensorBoard writer that fails (a full
 disk) is one warning and is switched off.
 
@@ -29,6 +30,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 # Tags on the MLflow run. `mlflow.source.git.commit` is MLflow's own (its UI shows it as the run's source).
 TAG_JOB, TAG_NAMESPACE, TAG_API_KIND = "orch.job", "orch.namespace", "orch.api_kind"
 TAG_GIT_COMMIT = "mlflow.source.git.commit"
+# The training run's key, kept in its checkpoints: how a resume finds an MLflow run its checkpoint cannot name.
+TAG_RUN_KEY = "orch.run_key"
 # MLflow's REST limits per log_batch request.
 MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH = 1000, 100
 # Our own HTTP budget for one MLflow call (the client's defaults retry for minutes). Environment wins.
@@ -67,8 +71,8 @@ LINKS_FILE = "tracking.json"  # in the output dir: the run's links, for `orch ru
 class NullTracker:
     """Tracker that does nothing: every rank but 0, and jobs without a `tracking:` section."""
 
-    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
-        pass
+    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
+        """Begin, or continue what a checkpoint's state() saved, at `step`."""
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass
@@ -107,7 +111,7 @@ class TensorBoardTracker(NullTracker):
         self._thread: threading.Thread | None = None
         self._writing = 0  # values of the write in progress
 
-    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
         self._thread = threading.Thread(
             target=self._serve, args=(step,), name="orch-tensorboard", daemon=True
         )
@@ -198,6 +202,8 @@ class MlflowTracker(NullTracker):
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self._resume_id: str | None = None
+        self.run_key = ""  # drawn at start, or the checkpoint's
+        self._find_by_key = False  # the checkpoint has the key but not the run id: look for the tagged run
         self._resumed = False
         self._client: Any = None
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -207,12 +213,14 @@ class MlflowTracker(NullTracker):
         self._next_try = 0.0
         self._thread: threading.Thread | None = None
         self._gave_up = False  # a permanent error: nothing more is sent
-        self._first_try = threading.Event()  # the run was created, or creating it failed once
 
     # --- the loop's side: never blocks on the network -----------------------------------------------------
 
-    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
-        self._resume_id = run_id
+    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
+        saved = saved or {}
+        self._resume_id = saved.get("mlflow_run_id")
+        self.run_key = saved.get("mlflow_run_key") or uuid.uuid4().hex
+        self._find_by_key = self._resume_id is None and "mlflow_run_key" in saved
         for name, value in MLFLOW_HTTP_DEFAULTS.items():
             os.environ.setdefault(name, value)
         self._thread = threading.Thread(target=self._serve, name="orch-mlflow", daemon=True)
@@ -229,12 +237,9 @@ class MlflowTracker(NullTracker):
         self._inbox.put(("artifacts", list(paths)))
 
     def state(self) -> dict[str, Any]:
-        # A checkpoint must name the run, or a resume starts a second one: wait for the thread's first attempt
-        # to create it (once; bounded by close_seconds, well under the collective timeout; usually long done).
-        if self._thread is not None and self._resume_id is None:
-            self._first_try.wait(timeout=self.close_seconds)
+        # Never waits for the run to be created: the key finds it at resume when the id is not known yet.
         run_id = self.run_id or self._resume_id
-        return {"mlflow_run_id": run_id} if run_id else {}
+        return {"mlflow_run_key": self.run_key, **({"mlflow_run_id": run_id} if run_id else {})}
 
     def links(self) -> dict[str, str]:
         if self.run_id is None:
@@ -307,10 +312,7 @@ class MlflowTracker(NullTracker):
 
     def _flush(self) -> None:
         try:
-            try:
-                self._ensure_run()
-            finally:
-                self._first_try.set()
+            self._ensure_run()
             self._send()
         except Exception as error:
             if not transient(error):  # a refused request, a store MLflow will not open: the same every time
@@ -362,7 +364,15 @@ class MlflowTracker(NullTracker):
                 return
         experiment = client.get_experiment_by_name(self.experiment)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
-        run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        if self._find_by_key and experiment is not None:
+            tagged = f"tags.`{TAG_RUN_KEY}` = '{self.run_key}'"
+            for run in client.search_runs([experiment_id], filter_string=tagged, max_results=1):
+                client.update_run(run.info.run_id, status="RUNNING")
+                self.experiment_id, self.run_id, self._resumed = experiment_id, run.info.run_id, True
+                return
+        run = client.create_run(
+            experiment_id, run_name=self.run_name, tags={**self.tags, TAG_RUN_KEY: self.run_key}
+        )
         self.experiment_id, self.run_id = experiment_id, run.info.run_id
 
     def _send(self) -> None:
@@ -396,9 +406,9 @@ class Trackers(NullTracker):
     def __init__(self, trackers: list[NullTracker]) -> None:
         self.trackers = trackers
 
-    def start(self, *, run_id: str | None = None, step: int = 0) -> None:
+    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
         for tracker in self.trackers:
-            tracker.start(run_id=run_id, step=step)
+            tracker.start(saved=saved, step=step)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         for tracker in self.trackers:

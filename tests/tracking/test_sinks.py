@@ -49,7 +49,7 @@ def test_mlflow_records_params_metrics_artifacts_and_finishes(mlflow_server, tmp
     assert tracker.links() == {
         "mlflow": f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{tracker.run_id}"
     }
-    assert tracker.state() == {"mlflow_run_id": tracker.run_id}
+    assert tracker.state() == {"mlflow_run_id": tracker.run_id, "mlflow_run_key": tracker.run_key}
 
 
 def test_a_resumed_tracker_continues_the_same_run(mlflow_server):
@@ -62,7 +62,7 @@ def test_a_resumed_tracker_continues_the_same_run(mlflow_server):
     assert client.get_run(first.run_id).info.status == "FAILED"
 
     second = mlflow_tracker(mlflow_server.uri, "sinks-resume")
-    second.start(run_id=first.state()["mlflow_run_id"], step=4)
+    second.start(saved={"mlflow_run_id": first.run_id}, step=4)
     second.log_params({"a": 2, "b": 3})  # `a` is kept from the first attempt (params are immutable)
     second.log_metrics(8, {"train/loss": 1.0})
     assert second.close() == []
@@ -145,7 +145,7 @@ def test_a_tensorboard_dir_that_cannot_be_written_is_one_warning(tmp_path, capsy
 def test_fan_out_and_null():
     null = tracking.NullTracker()
     both = tracking.Trackers([null, tracking.NullTracker()])
-    both.start(run_id="x", step=3)
+    both.start(saved={"mlflow_run_id": "x"}, step=3)
     both.log_metrics(1, {"a": 1.0})
     assert both.close() == [] and both.links() == {} and both.state() == {}
 
@@ -181,10 +181,13 @@ def test_a_server_that_never_answers_blocks_neither_a_checkpoint_nor_the_end(sil
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "600")
     tracker = mlflow_tracker(silent_server, close_seconds=2)
-    tracker.start(run_id="abc")
+    tracker.start(saved={"mlflow_run_id": "abc", "mlflow_run_key": "k"})
     tracker.log_metrics(1, {"train/loss": 1.0})
     started = time.monotonic()
-    assert tracker.state() == {"mlflow_run_id": "abc"}  # the run it resumes, known without the server
+    assert tracker.state() == {
+        "mlflow_run_id": "abc",
+        "mlflow_run_key": "k",
+    }  # the run it resumes, known without the server
     assert time.monotonic() - started < 1
     unsent = tracker.close()
     assert time.monotonic() - started < 10
