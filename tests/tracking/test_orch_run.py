@@ -83,6 +83,7 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(mlflow_server, tmp_pa
     assert {k: v for k, v in run.data.tags.items() if k.startswith(("orch.", "mlflow.source.git"))} == {
         "orch.job": "digits-ddp",
         "orch.api_kind": "local",
+        "orch.run_key": run.data.tags["orch.run_key"],  # drawn at the start (tests/tracking/test_run_key.py)
         **({"mlflow.source.git.commit": commit} if commit else {}),
     }
     history = metric_history(client, run.info.run_id)
