@@ -180,7 +180,9 @@ def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: s
     """Print the Kubernetes objects for a job: ConfigMap, PyTorchJob (or TrainingRuntime + TrainJob with
     --api trainjob), PodMonitor. No cluster is asked: --api auto renders a PyTorchJob.
 
-    YAML (several documents) by default, or one JSON List with -o json; both pipe into kubectl.
+    YAML (several documents) by default, or one JSON List with -o json; both pipe into kubectl. What
+    `orch submit` would warn about (partial scheduling, restarts that lose checkpoints, what the API's
+    fields mean) is said on stderr, one `warning:` line each.
 
     \b
     Example:
@@ -195,4 +197,6 @@ def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: s
     spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, where="cluster")
     objects = orch.render(spec)
     warn_missing_code(spec, job_file)
+    for message in rendering.warnings(spec):  # what `orch submit` would say; stdout stays YAML for kubectl
+        click.echo(f"warning: {message}", err=True)
     click.echo(rendering.to_yaml(objects) if output == "yaml" else rendering.to_json(objects), nl=False)

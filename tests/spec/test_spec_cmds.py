@@ -78,3 +78,16 @@ def test_render_prints_yaml_documents_and_json_list_of_the_same_objects():
     assert json.loads(as_json.stdout) == {"apiVersion": "v1", "kind": "List", "items": expected}
     assert [o["kind"] for o in expected] == ["ConfigMap", "PyTorchJob", "PodMonitor"]
     assert expected[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def test_render_says_the_api_warnings_on_stderr_as_submit_does_and_keeps_stdout_yaml():
+    """`orch render | kubectl apply -f -` must stay clean, and what submit would warn about is said too."""
+    example = str(EXAMPLES / "gpt-multinode.yaml")
+    sets = ["nodes=2", "restart.policy=job"]  # a PyTorchJob's max_restarts means something else: a warning
+    spec = loading.load_job(example, sets)
+    expected = render.warnings(spec)
+    assert any("max_restarts" in message for message in expected)
+    result = orch("render", example, *(arg for value in sets for arg in ("--set", value)))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"warning: {message}" for message in expected]
+    assert list(yaml.safe_load_all(result.stdout)) == render.render(spec)
