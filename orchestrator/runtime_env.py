@@ -42,6 +42,8 @@ OUTPUT_DIR = "ORCH_OUTPUT_DIR"
 OUTPUT_URL = "ORCH_OUTPUT_URL"  # an object store (output.url, `orch run --out s3://...`): what the run keeps
 METRICS_PORT = "ORCH_METRICS_PORT"  # unset or 0: no exporter
 METRICS_ADDR = "ORCH_METRICS_ADDR"
+# `orch run`: local rank 0 serves the job's port, or a free one when it is taken, and writes where in this file
+METRICS_ENDPOINT_FILE = "ORCH_METRICS_ENDPOINT_FILE"
 GPU_SAMPLE_SECONDS = "ORCH_GPU_SAMPLE_SECONDS"
 PEAK_TFLOPS = "ORCH_PEAK_TFLOPS"
 PROGRESS_FILE = "ORCH_PROGRESS_FILE"  # `orch run`: rank 0's JSON events, drawn as a progress bar
@@ -172,6 +174,9 @@ class RuntimeEnv:
     metrics_port: int = 0
     """The exporter's port on local rank 0; 0: metrics off."""
     metrics_addr: str = DEFAULT_METRICS_ADDR
+    metrics_endpoint_file: str | None = None
+    """`orch run`: a taken port moves to a free one, and the address served is written here once bound (the
+    console and `orch top --local` read it). Pods keep their port: the PodMonitor scrapes that one."""
     gpu_sample_seconds: float = DEFAULT_GPU_SAMPLE_SECONDS
     peak_tflops: float | None = None
     """Peak dense TFLOP/s of one device for MFU; None: the built-in GPU table decides."""
@@ -219,6 +224,8 @@ class RuntimeEnv:
             env[PEAK_TFLOPS] = str(self.peak_tflops)
         if self.metrics_addr != DEFAULT_METRICS_ADDR:
             env[METRICS_ADDR] = self.metrics_addr
+        if self.metrics_endpoint_file is not None:
+            env[METRICS_ENDPOINT_FILE] = self.metrics_endpoint_file
         if self.progress_file is not None:
             env[PROGRESS_FILE] = self.progress_file
         if not self.log_lines:
@@ -238,6 +245,7 @@ class RuntimeEnv:
             output_url=env.get(OUTPUT_URL) or None,
             metrics_port=int(_number(env, METRICS_PORT, minimum=0) or 0),
             metrics_addr=env.get(METRICS_ADDR) or DEFAULT_METRICS_ADDR,
+            metrics_endpoint_file=env.get(METRICS_ENDPOINT_FILE) or None,
             gpu_sample_seconds=_number(env, GPU_SAMPLE_SECONDS, minimum=1e-3) or DEFAULT_GPU_SAMPLE_SECONDS,
             peak_tflops=_number(env, PEAK_TFLOPS, minimum=1e-9),
             progress_file=env.get(PROGRESS_FILE) or None,

@@ -22,14 +22,16 @@ def runs_index() -> Path:
     return Path(base) / f"orch-{os.getuid()}" / "runs"
 
 
-def register(local: LocalPlan, metrics_url: str | None) -> Path:
+def register(local: LocalPlan, metrics_endpoint_file: Path | None) -> Path:
+    """Write the run's record (OUT/run.json, and the live-run index); `metrics_endpoint_file`: where rank 0
+    writes the address it serves, once it listens (orchestrator.trainer.metrics.announce)."""
     record = {
         "job": local.env[runtime_env.JOB_NAME],
         "pid": os.getpid(),
         "started": time.time(),
         "output_dir": str(local.output_dir.resolve()),
         "procs": local.world_size,
-        "metrics": metrics_url,
+        "metrics_endpoint_file": str(metrics_endpoint_file) if metrics_endpoint_file else None,
     }
     (local.output_dir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
     index = runs_index()
@@ -57,5 +59,8 @@ def live_runs(job: str) -> list[dict[str, Any]]:
 
 
 def metrics_url_of(job: str) -> str | None:
-    """The exporter URL of the newest live local run of `job`, if it serves metrics."""
-    return next((r["metrics"] for r in live_runs(job) if r.get("metrics")), None)
+    """The exporter URL of the newest live local run of `job` that serves metrics (rank 0 listens)."""
+    served = (
+        read_json(Path(r["metrics_endpoint_file"])) for r in live_runs(job) if r.get("metrics_endpoint_file")
+    )
+    return next((s["url"] for s in served if isinstance(s.get("url"), str)), None)

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -75,7 +74,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     # The caller's environment overrides the job's exporter settings (e.g. ORCH_METRICS_PORT=0 turns it off).
     env.update({name: value for name, value in os.environ.items() if name in runtime_env.USER_OVERRIDES})
     # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
-    metrics_url = _choose_metrics_endpoint(env, local.output_dir, stream) if local.train is not None else None
+    endpoint_file = _metrics_endpoint(env, local.output_dir) if local.train is not None else None
     env.update(
         ORCH_LAUNCHER_PID=str(os.getpid()),
         ORCH_LOG_DIR=str(log_dir.resolve()),
@@ -110,7 +109,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         logs_specs=RunLogs(log_dir),  # error files in OUT/logs, no torchelastic_* folder in /tmp
         **_shutdown_timeout(local),
     )
-    record = register(local, metrics_url)
+    record = register(local, endpoint_file)
     try:
         with (
             environment(env),
@@ -138,6 +137,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
             record.parent.rmdir()
             record.parent.parent.rmdir()
         shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
+        if endpoint_file is not None:
+            endpoint_file.unlink(missing_ok=True)
     return read_summary(local.output_dir / "summary.json", log_dir) if local.train is not None else None
 
 
@@ -187,6 +188,7 @@ def _stopped_at(progress_file: Path) -> int | None:
 
 WORKER_MODULE = "orchestrator.local_worker"
 METRICS_DB_DIR = ".metrics"  # prometheus-client's multiprocess files, removed when the run ends
+METRICS_ENDPOINT_FILE = "metrics-endpoint.json"  # where rank 0 serves, once it listens; removed at the end
 
 
 def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
@@ -255,32 +257,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _choose_metrics_endpoint(env: dict[str, str], output_dir: Path, stream: TextIO) -> str | None:
-    """Loopback unless ORCH_METRICS_ADDR says otherwise; the job's port, or a free one when it is taken."""
-    port = runtime_env.RuntimeEnv.from_environ(env).metrics_port
-    if port <= 0:
+def _metrics_endpoint(env: dict[str, str], output_dir: Path) -> Path | None:
+    """Loopback unless ORCH_METRICS_ADDR says otherwise. The port is not probed here: local rank 0 binds the
+    job's port (or a free one when it is taken) and then writes the address to the returned file and says it
+    on the console (docs/decisions.md, Local runs)."""
+    if runtime_env.RuntimeEnv.from_environ(env).metrics_port <= 0:
         return None
-    addr = env.setdefault(runtime_env.METRICS_ADDR, LOCAL_METRICS_ADDR)
-    chosen = _free_port(addr, port)
-    env[runtime_env.METRICS_PORT] = str(chosen)
+    env.setdefault(runtime_env.METRICS_ADDR, LOCAL_METRICS_ADDR)
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # the ranks' series files, inside the run
         env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / METRICS_DB_DIR).resolve())
-    host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
-    url = f"http://{host}:{chosen}/metrics"
-    taken = f" (port {port} is in use)" if chosen != port else ""
-    stream.write(f"metrics: {url}{taken}\n")
-    stream.flush()
-    return url
-
-
-def _free_port(addr: str, port: int) -> int:
-    """`port` when it can be bound on `addr`, else a free port the kernel picks."""
-    for candidate in (port, 0):
-        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
-            try:
-                sock.bind((addr, candidate))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    return port  # cannot bind at all: the exporter will say why, and training goes on
+    endpoint_file = (output_dir / METRICS_ENDPOINT_FILE).resolve()
+    endpoint_file.unlink(missing_ok=True)  # an earlier run's, in a directory resumed
+    env[runtime_env.METRICS_ENDPOINT_FILE] = str(endpoint_file)
+    return endpoint_file

@@ -16,6 +16,7 @@ The exporter must never take training down: a port in use or any exporter error 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -253,6 +254,8 @@ class Endpoint:
     port: int
     addr: str
     gpu: GpuCollector | None = None
+    announce: Path | None = None
+    """`orch run`: serve a free port when `port` is taken, and write the address served here (runtime_env)."""
 
 
 class PrometheusMetrics(NullMetrics):
@@ -381,18 +384,27 @@ class PrometheusMetrics(NullMetrics):
 
         if self._gpu is not None:
             self._gpu.start()
-        try:
-            self._server, _ = start_http_server(endpoint.port, addr=endpoint.addr, registry=endpoint.registry)
-        except OSError as error:
+        # The port is bound here, by the process that serves it, before anyone is told (no probe-and-release
+        # race); a local run moves off a taken port, a pod cannot (its PodMonitor scrapes the named port).
+        ports = (endpoint.port, 0) if endpoint.announce is not None else (endpoint.port,)
+        for port in ports:
+            try:
+                self._server, _ = start_http_server(port, addr=endpoint.addr, registry=endpoint.registry)
+                break
+            except OSError as error:
+                failure = error
+        else:
             log.warning(
                 "metrics endpoint off: cannot listen on %s:%d (%s); training goes on",
                 endpoint.addr,
                 endpoint.port,
-                error,
+                failure,
             )
             return
         self.serving_port = self._server.server_port
         log.info("serving metrics on http://%s:%d/metrics", endpoint.addr, self.serving_port)
+        if endpoint.announce is not None:
+            announce(endpoint, self.serving_port)
 
     def on_step(self, stats: StepStats) -> None:
         # Host-side numbers only: each line below stores a float into a memory-mapped file.
@@ -533,6 +545,7 @@ def build_metrics(
             endpoint = node_endpoint(
                 config, port=port, addr=runtime.metrics_addr,
                 gpu=gpu_collector(config, runtime.gpu_sample_seconds, gpu_reader, gpu_devices) if sample else None,
+                announce=Path(runtime.metrics_endpoint_file) if runtime.metrics_endpoint_file else None,
             )  # fmt: skip
         return PrometheusMetrics(config, endpoint=endpoint)
     except Exception as error:  # metrics are optional: train without them rather than not at all
@@ -540,7 +553,27 @@ def build_metrics(
         return NullMetrics()
 
 
-def node_endpoint(config: MetricsConfig, *, port: int, addr: str, gpu: GpuCollector | None) -> Endpoint:
+def announce(endpoint: Endpoint, port: int) -> None:
+    """`orch run`: where local rank 0 serves, once it listens there: written whole (rename) to the endpoint
+    file, which `orch top --local` reads, and said on stdout, which the console shows."""
+    host = "127.0.0.1" if endpoint.addr in ("0.0.0.0", "") else endpoint.addr
+    url = f"http://{host}:{port}/metrics"
+    assert endpoint.announce is not None
+    try:
+        written = endpoint.announce.with_name(f".{endpoint.announce.name}.{os.getpid()}")
+        written.write_text(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
+        written.replace(endpoint.announce)
+    except OSError as error:
+        log.warning(
+            "cannot write %s (%s): orch top --local will not find the endpoint", endpoint.announce, error
+        )
+    taken = f" (port {endpoint.port} is in use)" if port != endpoint.port else ""
+    print(f"metrics: {url}{taken}", flush=True)
+
+
+def node_endpoint(
+    config: MetricsConfig, *, port: int, addr: str, gpu: GpuCollector | None, announce: Path | None = None
+) -> Endpoint:
     """What local rank 0 serves: every rank's files of this node, merged on each scrape, and the GPUs."""
     from prometheus_client import CollectorRegistry
 
@@ -548,7 +581,7 @@ def node_endpoint(config: MetricsConfig, *, port: int, addr: str, gpu: GpuCollec
     registry.register(_LiveFilesCollector(config.directory))
     if gpu is not None:
         registry.register(gpu)
-    return Endpoint(registry=registry, port=port, addr=addr, gpu=gpu)
+    return Endpoint(registry=registry, port=port, addr=addr, gpu=gpu, announce=announce)
 
 
 def gpu_collector(

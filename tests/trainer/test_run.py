@@ -384,14 +384,19 @@ def test_local_metrics_listen_on_loopback_move_off_a_taken_port_and_top_finds_th
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            process.stdout.readline()  # orch run metered: ...
-            line = process.stdout.readline().strip()
+            # Rank 0 says where it serves once it listens there (#24: bound before announced, no race)
+            lines = [process.stdout.readline().strip()]
+            while not lines[-1].startswith("metrics: ") and len(lines) < 5:
+                lines.append(process.stdout.readline().strip())
+            line = lines[-1]
             match = re.fullmatch(
                 rf"metrics: http://127\.0\.0\.1:(\d+)/metrics \(port {port} is in use\)", line
             )
             assert match, line
             chosen = int(match.group(1))
             assert chosen != port
+            with socket.socket() as late, pytest.raises(OSError, match="in use"):
+                late.bind(("127.0.0.1", chosen))  # already the exporter's: nobody can take it now
 
             def top() -> dict:
                 result = subprocess.run(
