@@ -56,10 +56,10 @@ def run(
     from orchestrator.runtime_env import TENSORBOARD_SUBDIR
 
     spec = load_job(job_file, overrides, where="local")
-    claimed: list[Path] = []
+    resume_with: list[str | None] = []  # the --out a rerun needs, once the output dir is claimed
 
-    def started(plan: LocalPlan, output_dir: Path) -> None:
-        claimed.append(output_dir)
+    def started(plan: LocalPlan, claimed_dir: Path) -> None:
+        resume_with.append(resume_out(output_dir, plan.output_url, claimed_dir))
         what = (
             f"{plan.train.task}, batch {plan.train.batch_size} = {plan.world_size} procs x micro-batch "
             f"{plan.train.micro_batch(plan.world_size)} x accumulation {plan.accumulation}, "
@@ -68,18 +68,18 @@ def run(
             else " ".join(plan.command or [])
         )
         kept = f" (checkpoints, model, summary: {plan.output_url}/)" if plan.output_url else ""
-        click.echo(f"orch run {spec.name}: {what} -> {output_dir}/{kept}")
+        click.echo(f"orch run {spec.name}: {what} -> {claimed_dir}/{kept}")
         if spec.tracking.tensorboard:
-            click.echo(f"tensorboard --logdir {output_dir / TENSORBOARD_SUBDIR}")
+            click.echo(f"tensorboard --logdir {claimed_dir / TENSORBOARD_SUBDIR}")
 
     try:
         result = api.run_local(spec, procs=procs, steps=steps, output_dir=output_dir,
                                progress_bar=sys.stdout.isatty(), notice=started,
                                warn=lambda message: click.echo(f"warning: {message}", err=True))  # fmt: skip
     except local.RunInterrupted as stopped:
-        if stopped.stopped_at is None or not claimed:
+        if stopped.stopped_at is None or not resume_with:
             raise
-        again = resume_command(job_file, overrides, procs, steps, claimed[0])
+        again = resume_command(job_file, overrides, procs, steps, resume_with[0])
         raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
     if result.summary is not None:
         click.echo(format_summary(result.summary))
@@ -87,8 +87,17 @@ def run(
             click.echo(format_links(result.links))
 
 
+def resume_out(out: str | None, output_url: str | None, claimed_dir: Path) -> str | None:
+    """The --out that resumes a run: where its checkpoints are. `--out s3://...` must be given again (without
+    it a rerun starts over); `output.url` in the job file needs none (the job file names the store, and each
+    run makes a new local folder for its logs); a local run, its folder."""
+    if output_url is None:
+        return str(claimed_dir)
+    return out
+
+
 def resume_command(
-    job_file: str, overrides: tuple[str, ...], procs: int | None, steps: int | None, output_dir: Path
+    job_file: str, overrides: tuple[str, ...], procs: int | None, steps: int | None, out: str | None
 ) -> str:
     """The `orch run` line that continues this run from its checkpoint: same job, settings and --out."""
     argv = ["orch", "run", job_file]
@@ -98,7 +107,7 @@ def resume_command(
         argv += ["--procs", str(procs)]
     if steps is not None:
         argv += ["--steps", str(steps)]
-    return shlex.join([*argv, "--out", str(output_dir)])
+    return shlex.join([*argv, *(["--out", out] if out is not None else [])])
 
 
 def format_links(links: dict[str, str]) -> str:
