@@ -26,48 +26,60 @@ def make_module(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
 
 
-def _fsdp_worker(rank: int, store_dir: str, result_dir: str, use_no_sync: bool) -> None:
+def _fsdp_worker(rank: int, store_dir: str, result_dir: str) -> None:
+    """Both loops, one after the other, in one process group: one spawn of 2 processes for both tests."""
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2)
-    calls = {"reduce_scatter": 0}
     real = dist.reduce_scatter_single
+    for use_no_sync in (True, False):
+        calls = {"reduce_scatter": 0}
 
-    def counting(*args, **kwargs):
-        calls["reduce_scatter"] += 1
-        return real(*args, **kwargs)
+        def counting(*args, calls=calls, **kwargs):
+            calls["reduce_scatter"] += 1
+            return real(*args, **kwargs)
 
-    dist.reduce_scatter_single = counting  # what FSDP2's default reduce-scatter calls
-    wrapped = parallel.wrap(make_module(), mode="fsdp", device=torch.device("cpu"), world_size=2)
-    model = wrapped.model
-    steps, accumulation = 3, 4
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = batches(steps, accumulation, seed=rank)
-    norms = []
-    if use_no_sync:
-        for _ in range(steps):
-            result = train_step(
-                model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
-                accumulation=accumulation, loss_fn=lambda out, y: nn.functional.mse_loss(out[:, :1], y),
-                autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=0.5,
-                device=torch.device("cpu"),
-            )  # fmt: skip
-            norms.append(result.grad_norm)
-    else:  # control: what a loop without no_sync() does
-        for inputs, targets in data:
-            nn.functional.mse_loss(model(inputs)[:, :1], targets).backward()
-    full = {name: p.full_tensor().flatten().tolist() for name, p in model.named_parameters()}
-    local = parallel.local_bytes(model.parameters())
-    with open(f"{result_dir}/rank{rank}.json", "w") as file:
-        json.dump({"calls": calls["reduce_scatter"], "full": full, "norms": norms, "local": local}, file)
+        dist.reduce_scatter_single = counting  # what FSDP2's default reduce-scatter calls
+        wrapped = parallel.wrap(make_module(), mode="fsdp", device=torch.device("cpu"), world_size=2)
+        model = wrapped.model
+        steps, accumulation = 3, 4
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = batches(steps, accumulation, seed=rank)
+        norms = []
+        if use_no_sync:
+            for _ in range(steps):
+                result = train_step(
+                    model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
+                    accumulation=accumulation, loss_fn=lambda out, y: nn.functional.mse_loss(out[:, :1], y),
+                    autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=0.5,
+                    device=torch.device("cpu"),
+                )  # fmt: skip
+                norms.append(result.grad_norm)
+        else:  # control: what a loop without no_sync() does
+            for inputs, targets in data:
+                nn.functional.mse_loss(model(inputs)[:, :1], targets).backward()
+        full = {name: p.full_tensor().flatten().tolist() for name, p in model.named_parameters()}
+        local = parallel.local_bytes(model.parameters())
+        with open(f"{result_dir}/{use_no_sync}-rank{rank}.json", "w") as file:
+            json.dump({"calls": calls["reduce_scatter"], "full": full, "norms": norms, "local": local}, file)
     dist.destroy_process_group()
     os._exit(0)  # skip finalisation, as the trainer does (gloo's occasional SIGABRT at exit)
 
 
-@pytest.mark.parametrize(("use_no_sync", "expected_calls"), [(True, 3 * 2), (False, 12 * 2)])
-def test_one_reduce_scatter_per_unit_per_optimizer_step(tmp_path, use_no_sync, expected_calls):
-    store, results = tmp_path / "store-dir", tmp_path / "results"
+@pytest.fixture(scope="module")
+def reduce_scatters(tmp_path_factory) -> dict[bool, list[dict]]:
+    """use_no_sync -> what each rank counted and held (one spawn for both parameters)."""
+    tmp = tmp_path_factory.mktemp("reduce-scatter")
+    store, results = tmp / "store-dir", tmp / "results"
     store.mkdir(), results.mkdir()
-    mp.spawn(_fsdp_worker, args=(str(store), str(results), use_no_sync), nprocs=2)
-    ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
+    mp.spawn(_fsdp_worker, args=(str(store), str(results)), nprocs=2)
+    return {
+        flag: [json.loads((results / f"{flag}-rank{r}.json").read_text()) for r in range(2)]
+        for flag in (True, False)
+    }
+
+
+@pytest.mark.parametrize(("use_no_sync", "expected_calls"), [(True, 3 * 2), (False, 12 * 2)])
+def test_one_reduce_scatter_per_unit_per_optimizer_step(reduce_scatters, use_no_sync, expected_calls):
+    ranks = reduce_scatters[use_no_sync]
     # Two units (the two Linear layers; the root holds no parameter of its own): one reduce-scatter
     # each per backward that syncs.
     assert [r["calls"] for r in ranks] == [expected_calls, expected_calls]

@@ -95,45 +95,57 @@ def test_nonfinite_gradient_in_fp32_does_not_update(group):
 # --- one all-reduce per optimizer step, with 2 real processes ------------------------------------------
 
 
-def _count_allreduces(rank: int, store_dir: str, result_dir: str, use_no_sync: bool) -> None:
+def _count_allreduces(rank: int, store_dir: str, result_dir: str) -> None:
+    """Both loops, one after the other, in one process group: one spawn of 2 processes for both tests."""
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2)
-    model = make_model()
-    calls = {"allreduce": 0}
+    for use_no_sync in (True, False):
+        model = make_model()
+        calls = {"allreduce": 0}
 
-    def counting_hook(state, bucket):
-        state["allreduce"] += 1
-        return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
+        def counting_hook(state, bucket):
+            state["allreduce"] += 1
+            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
 
-    model.register_comm_hook(calls, counting_hook)
-    steps, accumulation = 3, 4
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = batches(steps, accumulation, seed=rank)
-    if use_no_sync:
-        for _ in range(steps):
-            train_step(
-                model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
-                accumulation=accumulation, loss_fn=nn.functional.mse_loss,
-                autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=None,
-                device=torch.device("cpu"),
-            )  # fmt: skip
-    else:  # control: what a loop without no_sync() does
-        for inputs, targets in data:
-            nn.functional.mse_loss(model(inputs), targets).backward()
-    weights = [p.detach().flatten().tolist() for p in model.parameters()]
-    with open(f"{result_dir}/rank{rank}.json", "w") as file:
-        json.dump({"calls": calls["allreduce"], "weights": weights}, file)
+        model.register_comm_hook(calls, counting_hook)
+        steps, accumulation = 3, 4
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = batches(steps, accumulation, seed=rank)
+        if use_no_sync:
+            for _ in range(steps):
+                train_step(
+                    model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
+                    accumulation=accumulation, loss_fn=nn.functional.mse_loss,
+                    autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=None,
+                    device=torch.device("cpu"),
+                )  # fmt: skip
+        else:  # control: what a loop without no_sync() does
+            for inputs, targets in data:
+                nn.functional.mse_loss(model(inputs), targets).backward()
+        weights = [p.detach().flatten().tolist() for p in model.parameters()]
+        with open(f"{result_dir}/{use_no_sync}-rank{rank}.json", "w") as file:
+            json.dump({"calls": calls["allreduce"], "weights": weights}, file)
     dist.destroy_process_group()
     # Skip interpreter finalisation, as orchestrator/trainer/__main__.py does: gloo's threads being destroyed
     # then occasionally abort a finished process (SIGABRT), which would fail this test for no reason of its own.
     os._exit(0)
 
 
-@pytest.mark.parametrize(("use_no_sync", "expected_calls"), [(True, 3), (False, 12)])
-def test_one_allreduce_per_optimizer_step(tmp_path, use_no_sync, expected_calls):
-    store, results = tmp_path / "store-dir", tmp_path / "results"
+@pytest.fixture(scope="module")
+def allreduce_counts(tmp_path_factory) -> dict[bool, list[dict]]:
+    """use_no_sync -> each rank's hook calls and final weights (one spawn for both parameters)."""
+    tmp = tmp_path_factory.mktemp("allreduce")
+    store, results = tmp / "store-dir", tmp / "results"
     store.mkdir(), results.mkdir()
-    mp.spawn(_count_allreduces, args=(str(store), str(results), use_no_sync), nprocs=2)
-    ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in range(2)]
+    mp.spawn(_count_allreduces, args=(str(store), str(results)), nprocs=2)
+    return {
+        flag: [json.loads((results / f"{flag}-rank{r}.json").read_text()) for r in range(2)]
+        for flag in (True, False)
+    }
+
+
+@pytest.mark.parametrize(("use_no_sync", "expected_calls"), [(True, 3), (False, 12)])
+def test_one_allreduce_per_optimizer_step(allreduce_counts, use_no_sync, expected_calls):
+    ranks = allreduce_counts[use_no_sync]
     # The model is small enough for one gradient bucket: one hook call = one all-reduce.
     assert [r["calls"] for r in ranks] == [expected_calls, expected_calls]
     if use_no_sync:
