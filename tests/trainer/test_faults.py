@@ -81,23 +81,27 @@ def worker_pids(out: Path) -> dict[int, int]:
         if not entry.name.isdigit():
             continue
         try:
+            if "orchestrator.trainer" not in (entry / "cmdline").read_text():  # short; the environ is not
+                continue
             environ = dict(
                 item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
             )
-            cmdline = (entry / "cmdline").read_text()
         except OSError:
             continue
-        if environ.get("ORCH_OUTPUT_DIR") == str(out.resolve()) and "orchestrator.trainer" in cmdline:
+        if environ.get("ORCH_OUTPUT_DIR") == str(out.resolve()):
             found[int(environ["RANK"])] = int(entry.name)
     return found
 
 
 def wait_for(condition, timeout: float = 300, what: str = "condition") -> None:
-    """Poll `condition`; the deadline is for a hang only (an FSDP run's start alone took > 100 s at load 13)."""
-    deadline = time.monotonic() + timeout
+    """Poll `condition`; the deadline is for a hang only (an FSDP run's start alone took > 100 s at load 13).
+    The pause between polls grows from 20 ms to 250 ms: a condition like `worker_pids` reads every process
+    of the machine, which polled every 20 ms through a torch start cost seconds of CPU per wait."""
+    deadline, pause = time.monotonic() + timeout, 0.02
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
 
 
 @pytest.fixture(scope="module")
@@ -149,28 +153,37 @@ def test_sigkill_of_a_rank_restarts_from_the_last_checkpoint(tmp_path, reference
     assert_same_params(reference.state_dict(), Run(0, "", "", out).state_dict())
 
 
-def test_restart_policy_job_restarts_every_rank_from_the_last_checkpoint(tmp_path, reference):
-    """#11: one of 2 local ranks SIGKILLed; both restart, resume from the newest checkpoint, and the
-    final parameters equal the uninterrupted run's."""
-    out, release = tmp_path / "out", tmp_path / "release"
-    process = start(write_job(tmp_path, held(restart_job("jobpolicy"), release)), out)
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory) -> tuple[Run, dict[int, int]]:
+    """A `restart.policy: job` run whose rank 1 is SIGKILLed after the step-10 checkpoint, and the pids of its
+    first attempt. It resumed once (from 10), so its step-20 checkpoint is what a resumed run wrote."""
+    tmp = tmp_path_factory.mktemp("restarted")
+    out, release = tmp / "out", tmp / "release"
+    process = start(write_job(tmp, held(restart_job("jobpolicy"), release)), out)
     wait_for((out / "checkpoints" / "step-00000010").exists, what="the step-10 checkpoint")
     first = worker_pids(out)  # both held after the checkpoint
     assert set(first) == {0, 1}
     os.kill(first[1], signal.SIGKILL)
     release.touch()
     stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr
-    summary = Run(0, stdout, stderr, out).summary
+    return Run(process.returncode, stdout, stderr, out), first
+
+
+def test_restart_policy_job_restarts_every_rank_from_the_last_checkpoint(restarted, reference):
+    """#11: one of 2 local ranks SIGKILLed; both restart, resume from the newest checkpoint, and the
+    final parameters equal the uninterrupted run's."""
+    run, first = restarted
+    assert run.returncode == 0, run.stderr
+    summary = run.summary
     assert summary["restarts"] == 1
     assert summary["resumed_from_step"] == 10
-    assert "restarting all 2 ranks together: restart 1 of 1 (restart.policy job)" in stdout
-    assert "resumed from" in stdout
+    assert "restarting all 2 ranks together: restart 1 of 1 (restart.policy job)" in run.stdout
+    assert "resumed from" in run.stdout
     assert not alive(first[0])  # the survivor was restarted too, not left running beside the new group
     for rank in (0, 1):  # each rank's log holds both attempts
-        log = (out / "logs" / f"rank-{rank}.log").read_text()
+        log = (run.out / "logs" / f"rank-{rank}.log").read_text()
         assert "attempt 0," in log and "attempt 1," in log
-    assert_same_params(reference.state_dict(), Run(0, "", "", out).state_dict())
+    assert_same_params(reference.state_dict(), run.state_dict())
 
 
 def test_restart_policy_job_gives_up_after_max_restarts(tmp_path):
@@ -211,21 +224,17 @@ def test_killing_the_launcher_kills_its_workers(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, reference):
-    spec_file = write_job(tmp_path, fault_job("resume"))
-
-    def run_from(checkpoint_file: Path, name: str) -> Run:
-        out = tmp_path / name
-        (out / "checkpoints").mkdir(parents=True)
-        shutil.copytree(checkpoint_file, out / "checkpoints" / checkpoint_file.name)
-        run = orch_run(spec_file, out)
-        assert run.returncode == 0, run.stderr
-        return run
-
-    once = run_from(reference.out / "checkpoints" / "step-00000010", "once")  # 10 -> 30
+def test_resuming_twice_equals_resuming_once_equals_no_resume(tmp_path, reference, restarted):
+    """Once: the restarted run (10 -> 30, after its rank 1 was killed). Twice: a new `orch run` from the
+    step-20 checkpoint that resumed run wrote (20 -> 30). Both end with the uninterrupted run's parameters."""
+    once, _ = restarted
+    assert once.returncode == 0, once.stderr
     assert once.summary["resumed_from_step"] == 10
-    # Resume again from a checkpoint that a resumed run wrote: 10 -> 20 (run "once"), then 20 -> 30.
-    twice = run_from(once.out / "checkpoints" / "step-00000020", "twice")
+    out = tmp_path / "twice"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(once.out / "checkpoints" / "step-00000020", out / "checkpoints" / "step-00000020")
+    twice = orch_run(write_job(tmp_path, fault_job("resume")), out)
+    assert twice.returncode == 0, twice.stderr
     assert twice.summary["resumed_from_step"] == 20
     assert_same_params(reference.state_dict(), once.state_dict())
     assert_same_params(once.state_dict(), twice.state_dict())
