@@ -369,7 +369,7 @@ def test_local_metrics_listen_on_loopback_move_off_a_taken_port_and_top_finds_th
     import signal
     import socket
 
-    from tests.trainer.test_faults import wait_for
+    from tests.trainer.test_faults import steps_logged, wait_for
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "PROMETHEUS_MULTIPROC"))}
     env["XDG_RUNTIME_DIR"] = str(tmp_path)  # the live-run index `orch top --local` reads
@@ -405,6 +405,9 @@ def test_local_metrics_listen_on_loopback_move_off_a_taken_port_and_top_finds_th
                 )  # fmt: skip
                 return json.loads(result.stdout) if result.returncode == 0 else {}
 
+            # Training first (a file to read), then `orch top` (a Python start each, ~0.5 CPU-s: not a poll
+            # to repeat through the ranks' torch imports)
+            wait_for(lambda: steps_logged(tmp_path / "out" / "progress.jsonl") > 0, what="the first steps")
             wait_for(lambda: {r["rank"] for r in top().get("rows", [])} == {0, 1}, what="orch top --local")
             # The exporter listens on the loopback address only (/proc/net/tcp: 0100007F, state 0A = LISTEN).
             listening = [
