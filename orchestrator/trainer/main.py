@@ -15,7 +15,9 @@ import argparse
 import dataclasses
 import os
 import time
-from collections.abc import Sized
+from collections.abc import Callable, Iterator, Sized
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -24,13 +26,19 @@ from orchestrator import runtime_env
 
 if TYPE_CHECKING:
     import torch
+    from torch.utils.data import DataLoader
 
     from orchestrator.runtime_env import RuntimeEnv
     from orchestrator.spec import OptimizerSpec, TrainSpec
+    from orchestrator.trainer.checkpoint import Checkpointer
+    from orchestrator.trainer.data import Layout, ShardedStream
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.metrics import Meter
-    from orchestrator.trainer.report import Reporter
+    from orchestrator.trainer.parallel import MemoryMeter
+    from orchestrator.trainer.report import Progress, Reporter, StepStats
+    from orchestrator.trainer.schedule import Scheduler
     from orchestrator.trainer.stop import StopRequest
+    from orchestrator.trainer.tasks import Task
     from orchestrator.trainer.tracking import NullTracker
 
 
@@ -114,197 +122,53 @@ def train(
     *,
     started: float,
 ) -> int:
-    """Build everything, resume, run the loop, write the results. Collective: every rank calls it.
+    """Set up, resume, run the loop, write the results. Collective: every rank calls it.
     Returns 0, or the signal that stopped the loop early (after writing a checkpoint)."""
-    import torch
-
-    from orchestrator import storage
-    from orchestrator.trainer import checkpoint, data, parallel, precision, report, tracking
-    from orchestrator.trainer.evaluate import evaluate
-    from orchestrator.trainer.schedule import Scheduler, lr_at
     from orchestrator.trainer.step import train_step
-    from orchestrator.trainer.tasks import build_task
 
-    # --- task, model, optimizer, schedule, precision ----------------------------------------------
-    output_dir = Path(runtime.output_dir)
-    # What the run keeps (checkpoints, model.pt, summary.json, TensorBoard's events) goes to the object
-    # store when there is one; a store that cannot be written to stops every rank here, in one line.
-    kept = storage.location(runtime.output_url) if runtime.output_url else output_dir
-    checkpoint.check_stores([runtime.output_url, cfg.checkpoint.dir], rank=world.rank)
-    checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
-    if cfg.deterministic:  # off by default: it costs speed (about 9% on CPU, more with some CUDA kernels)
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    if world.device.type == "cuda":  # TF32 is a GPU matter; on CPU it would change oneDNN's fp32 matmuls
-        precision.set_tf32(cfg.tf32)
-    task = build_task(cfg.task, cfg.task_args)
-    module = task.model.to(world.device)
-    micro = cfg.micro_batch(world.world_size)
-    stream = task.train_dataset if isinstance(task.train_dataset, data.ShardedStream) else None
-    if stream is None and isinstance(task.train_dataset, torch.utils.data.IterableDataset):
-        raise TypeError(
-            "Task.train_dataset is an IterableDataset: give its shards as "
-            "orchestrator.trainer.data.ShardedStream(shards, sizes, read) so that orch can split, shuffle and "
-            "resume it exactly (docs/tasks.md, Streaming datasets)"
-        )
-    layout = data.Layout(
-        len(cast(Sized, task.train_dataset)), cfg.batch_size, micro, world.world_size, cfg.seed
-    )
-    max_steps = cfg.max_steps or (cfg.epochs or 1) * layout.steps_per_epoch
-    # DDP or FSDP (parallel.py); under FSDP `module`'s parameters are now this rank's shards.
-    wrapped = parallel.wrap(
-        module, mode=cfg.parallel, device=world.device, world_size=world.world_size,
-        precision=cfg.precision, compile=cfg.compile, shard_units=task.shard_units,
-        reshard_after_forward=cfg.fsdp.reshard_after_forward,
-    )  # fmt: skip
-    model = wrapped.model
-    fused = world.device.type == "cuda"  # fused AdamW/Adam: one kernel launch for all parameters
-    optimizer = build_optimizer(module, cfg.optimizer, fused=fused)
-    memory = parallel.MemoryMeter(module, optimizer, world.device, publish=meter.set_memory)
-    scheduler = Scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, max_steps)
-    scaler = parallel.grad_scaler(cfg.precision, world.device, cfg.parallel)
-    autocast = precision.autocast(cfg.precision, world.device)
-    checkpoints = checkpoint.Checkpointer(
-        checkpoint_dir(kept, cfg.checkpoint.dir),
-        every_steps=cfg.checkpoint.every_steps,
-        keep=cfg.checkpoint.keep,
-        rank=world.rank,
-        world_size=world.world_size,
-        mode=cfg.parallel,
-        async_save=cfg.checkpoint.async_,
-    )
-    meter.set_restart_count(world.restart_count)
+    # --- set up: task, data, model (DDP/FSDP), optimizer, schedule, precision, checkpoints -------------
+    trainer = set_up(cfg, runtime, world, reporter, meter, tracker)
 
-    # --- resume -----------------------------------------------------------------------------------
-    step, counters, resumed_from = 0, None, None
-    # Every rank reads its own part of the newest complete checkpoint (model and optimizer loaded here).
-    resumed = checkpoints.load(module=module, optimizer=optimizer)
-    if resumed is not None:
-        stretched = scheduler.load_state_dict(resumed.state["scheduler"])
-        scaler.load_state_dict(resumed.state["scaler"])
-        counters = resumed.state["counters"]
-        step = resumed_from = resumed.step
-        checkpoints.restore_rng(resumed.state, cfg.seed)
-        reporter.say(f"resumed from {resumed.path} at step {step}")
-        # The sample order the run started with goes on (checkpoints before orch's Feistel order had none).
-        layout = dataclasses.replace(layout, order=resumed.state.get("data_order", data.ORDER_RANDPERM))
-        if layout.order != data.ORDER_FEISTEL:
-            reporter.say(f"this run keeps the sample order of the version that started it ({layout.order})")
-        saved_split = (resumed.state.get("world_size"), resumed.state.get("num_workers"))
-        if stream is not None and saved_split != (world.world_size, cfg.num_workers):
-            reporter.say(
-                f"warning: the stream was split for world size {saved_split[0]} x {saved_split[1]} workers, "
-                f"now {world.world_size} x {cfg.num_workers}: until the next epoch some samples may be read "
-                "twice and others not at all (docs/tasks.md, Streaming datasets)"
-            )
-        if stretched:
-            old_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, resumed.state["scheduler"]["max_steps"])
-            new_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, max_steps)
-            reporter.say(f"note: {stretched}; learning rate at step {step}: {old_lr:.3g} -> {new_lr:.3g}")
-    else:
-        checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
-    # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
-    tracker.start(saved=(resumed.state.get("tracking") or {}) if resumed is not None else {}, step=step)
-    del resumed
-    samples_per_rank = micro * layout.accumulation
-    work = report.Workload(
-        samples=samples_per_rank,
-        tokens=samples_per_rank * (task.tokens_per_sample or 0),
-        flops=task.flops_per_sample * samples_per_rank if task.flops_per_sample else None,
-    )
-    progress = report.Progress(
-        step=step, max_steps=max_steps, batch_size=cfg.batch_size, work=work, device=world.device,
-        counters=counters,
-    )  # fmt: skip
+    # --- resume: the newest complete checkpoint, or step 0 ------------------------------------------
+    resumed_from, counters = resume(trainer)
+    progress = trainer.start_progress(step=resumed_from or 0, counters=counters)
+    reporter.say(trainer.describe())
 
-    def save_checkpoint() -> None:
-        train_state = {
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "counters": progress.counters(),
-            "data_order": layout.order,
-            "num_workers": cfg.num_workers,  # a stream's split depends on it (data.ShardedStream)
-            "tracking": tracker.state(),  # the MLflow run's key and id, from rank 0, which writes the checkpoint
-        }
-        checkpoints.save(step, module=module, optimizer=optimizer, train_state=train_state)
-        if world.is_main and kept is not output_dir and runtime.tracking.tensorboard_dir:
-            # TensorBoard writes locally; its events so far travel with each checkpoint
-            storage.upload(
-                output_dir / runtime.tracking.tensorboard_dir, kept / runtime.tracking.tensorboard_dir
-            )
-
-    eval_batches = (
-        data.eval_loader(task.eval_dataset, rank=world.rank, world_size=world.world_size, batch_size=micro)
-        if task.eval_dataset is not None
-        else None
-    )
-
-    def run_eval(step: int) -> dict[str, Any]:
-        """Evaluate; the task's own numbers (on_eval) join the results; every sink but the reporter gets them."""
-        if eval_batches is None:
-            return {}
-        results: dict[str, Any] = evaluate(
-            module, eval_batches, loss_fn=task.loss_fn, metrics_fn=task.eval_metrics,
-            autocast=autocast, device=world.device,
-        )  # fmt: skip
-        extra = tracking.hook_scalars(task.on_eval(step, dict(results)), "on_eval")
-        results.update(extra)
-        meter.on_task_metrics(tracking.numeric(extra))
-        tracker.log_metrics(step, tracking.prefixed("eval", results))
-        return results
-
-    reporter.say(
-        f"training {cfg.task} for {max_steps} steps: world {world.world_size} x micro-batch {micro} x "
-        f"accumulation {layout.accumulation} = batch {cfg.batch_size}, {cfg.precision}, {cfg.parallel}, "
-        f"{world.device.type}"
-        + (f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}" if fused and cfg.optimizer.name != "sgd" else "")
-        + (", torch.compile" if cfg.compile else "")
-    )
-
-    # --- loop -------------------------------------------------------------------------------------
-    loader = data.stream_loader if stream is not None else data.train_loader
-    batches = iter(
-        loader(
-            task.train_dataset, layout, rank=world.rank, start_step=step, end_step=max_steps,  # type: ignore[arg-type]
-            num_workers=cfg.num_workers, pin=world.device.type == "cuda",
-        )
-    )  # fmt: skip
-    while step < max_steps:
+    # --- the loop: one optimizer step per iteration ---------------------------------------------------
+    max_steps, checkpoints = trainer.max_steps, trainer.checkpoints
+    batches = trainer.batches(start_step=progress.step)
+    while progress.step < max_steps:
         step_started = time.perf_counter()
-        lr = scheduler.set_lr(step)
+        lr = trainer.scheduler.set_lr(progress.step)
+        # forward and backward over the accumulation's micro-batches under autocast, one gradient reduction
         result = train_step(
-            model, optimizer, scaler, batches, accumulation=layout.accumulation, loss_fn=task.loss_fn,
-            autocast=autocast, grad_clip=cfg.grad_clip, device=world.device,
+            trainer.model, trainer.optimizer, trainer.scaler, batches, accumulation=trainer.layout.accumulation,
+            loss_fn=trainer.task.loss_fn, autocast=trainer.autocast, grad_clip=cfg.grad_clip, device=world.device,
         )  # fmt: skip
         stats = progress.record(result, lr=lr, seconds=time.perf_counter() - step_started)
         step = stats.step
         # every rank, every step, the same answer (one small all-reduce); the last step just finishes
         stopping = stop_request.agreed() if step < max_steps else 0
-        if stats.skipped and not scaler.is_enabled() and cfg.nonfinite_loss == "stop":
+        if stats.skipped and not trainer.scaler.is_enabled() and cfg.nonfinite_loss == "stop":
             raise NonFiniteLoss(
                 f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
                 "lower train.optimizer.lr, check the data, or set train.nonfinite_loss: skip"
             )
         if step % cfg.log_every == 0 or step == max_steps:
-            # The loss and the fp16 scale are read here only: a collective and host syncs.
-            stats = progress.log(stats, loss_scale=precision.loss_scale(scaler))
-            logged = tracking.step_metrics(stats)  # loss, lr, grad_norm, samples_per_second
-            extra = tracking.hook_scalars(task.on_log(step, dict(logged)), "on_log")
-            reporter.step(stats, extra)
-            meter.on_task_metrics(tracking.numeric(extra))
-            tracker.log_metrics(step, tracking.prefixed("train", {**logged, **extra}))
+            stats = trainer.log_step(stats, progress)
         meter.on_step(stats)
 
         if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps and not stopping:
-            results = run_eval(step)
+            results = trainer.evaluate(step)
             reporter.evaluation(step=step, results=results)
             # plateau watches the eval loss, or the training loss when the task has no eval set
             watched = results.get("loss", progress.last_loss)
-            if watched is not None and scheduler.observe_loss(watched):
+            if watched is not None and trainer.scheduler.observe_loss(watched):
                 reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
         checkpoints.poll()  # async saves: a finished write is put in place
         if (checkpoints.due(step) or stopping) and step < max_steps:
-            save_checkpoint()
-        if stopping:
+            trainer.save_checkpoint(step, progress)
+        if stopping:  # SIGTERM or Ctrl-C, agreed by every rank: the checkpoint above is the last thing
             checkpoints.close()  # async: the stop checkpoint is on disk and in place before the exit
             name = signal_name(stopping)
             reporter.say(
@@ -313,38 +177,306 @@ def train(
             reporter.event("stopped", step=step, max_steps=max_steps, signal=name)
             return stopping
 
-    # --- the end: final checkpoint, evaluation, summary, model ------------------------------------
-    if resumed_from != max_steps and runtime.final_save:
-        save_checkpoint()
-    checkpoints.close()  # async: the last write is on disk and in place
-    results = run_eval(step)
+    # --- the end: final checkpoint, evaluation, summary.json, model.pt --------------------------------
+    finish(trainer, progress, resumed_from=resumed_from, started=started)
+    return 0
+
+
+@dataclass
+class Trainer:
+    """The parts of one run, built by `set_up` and used by the loop in `train` (as torchtitan's Trainer lists
+    its parts; the loop itself stays in `train`, nanoGPT's way, so that it reads top to bottom)."""
+
+    cfg: TrainSpec
+    runtime: RuntimeEnv
+    world: Dist
+    reporter: Reporter
+    meter: Meter
+    tracker: NullTracker
+    task: Task
+    module: torch.nn.Module
+    """The task's model on the device: what checkpoints save and load (under FSDP, this rank's shards)."""
+    model: torch.nn.Module
+    """`module` wrapped for data parallelism (DDP, FSDP) and compiled when asked: what the step runs."""
+    optimizer: torch.optim.Optimizer
+    fused: bool
+    """Fused AdamW/Adam kernels (CUDA): one launch for all parameters."""
+    scheduler: Scheduler
+    scaler: torch.amp.GradScaler
+    """fp16 only; disabled (it does nothing) for fp32 and bf16."""
+    autocast: Callable[[], AbstractContextManager[Any]]
+    memory: MemoryMeter
+    layout: Layout
+    """Which samples each rank reads at each step; a resume may change its order to the saved run's."""
+    stream: ShardedStream | None
+    """The training set when it is a stream of shards; None for a map-style dataset."""
+    max_steps: int
+    eval_batches: DataLoader[Any] | None
+    checkpoints: Checkpointer
+    kept: Any
+    """Where the run's results are kept: the output directory, or the object store's location (output_url)."""
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.runtime.output_dir)
+
+    def start_progress(self, *, step: int, counters: dict[str, Any] | None) -> Progress:
+        """The loop's counters from `step` on (with a checkpoint's totals when resumed)."""
+        from orchestrator.trainer import report
+
+        samples_per_rank = self.layout.micro_batch_size * self.layout.accumulation
+        work = report.Workload(
+            samples=samples_per_rank,
+            tokens=samples_per_rank * (self.task.tokens_per_sample or 0),
+            flops=self.task.flops_per_sample * samples_per_rank if self.task.flops_per_sample else None,
+        )
+        return report.Progress(
+            step=step, max_steps=self.max_steps, batch_size=self.cfg.batch_size, work=work,
+            device=self.world.device, counters=counters,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """Rank 0's line before the first step: what runs, how the batch is split, which kernels."""
+        cfg, world, layout = self.cfg, self.world, self.layout
+        return (
+            f"training {cfg.task} for {self.max_steps} steps: world {world.world_size} x micro-batch "
+            f"{layout.micro_batch_size} x accumulation {layout.accumulation} = batch {cfg.batch_size}, "
+            f"{cfg.precision}, {cfg.parallel}, {world.device.type}"
+            + (
+                f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}"
+                if self.fused and cfg.optimizer.name != "sgd"
+                else ""
+            )
+            + (", torch.compile" if cfg.compile else "")
+        )
+
+    def batches(self, *, start_step: int) -> Iterator[Any]:
+        """This rank's micro-batches from `start_step` to the end: a resume starts at a later step."""
+        from orchestrator.trainer import data
+
+        loader = data.stream_loader if self.stream is not None else data.train_loader
+        return iter(
+            loader(
+                self.task.train_dataset, self.layout, rank=self.world.rank, start_step=start_step,  # type: ignore[arg-type]
+                end_step=self.max_steps, num_workers=self.cfg.num_workers, pin=self.world.device.type == "cuda",
+            )
+        )  # fmt: skip
+
+    def log_step(self, stats: StepStats, progress: Progress) -> StepStats:
+        """A log step: the window's loss and rates to the log line, the metrics and the tracker. A collective."""
+        from orchestrator.trainer import precision, tracking
+
+        # The loss and the fp16 scale are read here only: a collective and host syncs.
+        stats = progress.log(stats, loss_scale=precision.loss_scale(self.scaler))
+        logged = tracking.step_metrics(stats)  # loss, lr, grad_norm, samples_per_second
+        extra = tracking.hook_scalars(self.task.on_log(stats.step, dict(logged)), "on_log")
+        self.reporter.step(stats, extra)
+        self.meter.on_task_metrics(tracking.numeric(extra))
+        self.tracker.log_metrics(stats.step, tracking.prefixed("train", {**logged, **extra}))
+        return stats
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Evaluate; the task's own numbers (on_eval) join the results; every sink but the reporter gets them."""
+        from orchestrator.trainer import tracking
+        from orchestrator.trainer.evaluate import evaluate
+
+        if self.eval_batches is None:
+            return {}
+        results: dict[str, Any] = evaluate(
+            self.module, self.eval_batches, loss_fn=self.task.loss_fn, metrics_fn=self.task.eval_metrics,
+            autocast=self.autocast, device=self.world.device,
+        )  # fmt: skip
+        extra = tracking.hook_scalars(self.task.on_eval(step, dict(results)), "on_eval")
+        results.update(extra)
+        self.meter.on_task_metrics(tracking.numeric(extra))
+        self.tracker.log_metrics(step, tracking.prefixed("eval", results))
+        return results
+
+    def save_checkpoint(self, step: int, progress: Progress) -> None:
+        """Model, optimizer and what a resume needs to go on as if uninterrupted. A collective."""
+        from orchestrator import storage
+
+        train_state = {
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "counters": progress.counters(),
+            "data_order": self.layout.order,
+            "num_workers": self.cfg.num_workers,  # a stream's split depends on it (data.ShardedStream)
+            "tracking": self.tracker.state(),  # the MLflow run's key and id, from rank 0, which writes the checkpoint
+        }
+        self.checkpoints.save(step, module=self.module, optimizer=self.optimizer, train_state=train_state)
+        tensorboard_dir = self.runtime.tracking.tensorboard_dir
+        if self.world.is_main and self.runtime.output_url and tensorboard_dir:
+            # TensorBoard writes locally; its events so far travel with each checkpoint
+            storage.upload(self.output_dir / tensorboard_dir, self.kept / tensorboard_dir)
+
+
+def set_up(
+    cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, reporter: Reporter, meter: Meter, tracker: NullTracker
+) -> Trainer:
+    """Seeds, task, data layout, model, optimizer, schedule, precision, checkpoints. Collective."""
+    import torch
+
+    from orchestrator import storage
+    from orchestrator.trainer import checkpoint, data, parallel, precision
+    from orchestrator.trainer.schedule import Scheduler
+    from orchestrator.trainer.tasks import build_task
+
+    # What the run keeps (checkpoints, model.pt, summary.json, TensorBoard's events) goes to the object
+    # store when there is one; a store that cannot be written to stops every rank here, in one line.
+    kept = storage.location(runtime.output_url) if runtime.output_url else Path(runtime.output_dir)
+    checkpoint.check_stores([runtime.output_url, cfg.checkpoint.dir], rank=world.rank)
+    checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
+    if cfg.deterministic:  # off by default: it costs speed (about 9% on CPU, more with some CUDA kernels)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if world.device.type == "cuda":  # TF32 is a GPU matter; on CPU it would change oneDNN's fp32 matmuls
+        precision.set_tf32(cfg.tf32)
+    task = build_task(cfg.task, cfg.task_args)
+    module = task.model.to(world.device)
+    layout, stream = train_layout(task, cfg, world.world_size)
+    max_steps = cfg.max_steps or (cfg.epochs or 1) * layout.steps_per_epoch
+    # DDP or FSDP (parallel.py); under FSDP `module`'s parameters are now this rank's shards.
+    wrapped = parallel.wrap(
+        module, mode=cfg.parallel, device=world.device, world_size=world.world_size,
+        precision=cfg.precision, compile=cfg.compile, shard_units=task.shard_units,
+        reshard_after_forward=cfg.fsdp.reshard_after_forward,
+    )  # fmt: skip
+    fused = world.device.type == "cuda"  # fused AdamW/Adam: one kernel launch for all parameters
+    optimizer = build_optimizer(module, cfg.optimizer, fused=fused)
+    memory = parallel.MemoryMeter(module, optimizer, world.device, publish=meter.set_memory)
+    scheduler = Scheduler(optimizer, cfg.schedule, cfg.optimizer.lr, max_steps)
+    scaler = parallel.grad_scaler(cfg.precision, world.device, cfg.parallel)
+    autocast = precision.autocast(cfg.precision, world.device)
+    checkpoints = checkpoint.Checkpointer(
+        checkpoint_dir(kept, cfg.checkpoint.dir), every_steps=cfg.checkpoint.every_steps,
+        keep=cfg.checkpoint.keep, rank=world.rank, world_size=world.world_size, mode=cfg.parallel,
+        async_save=cfg.checkpoint.async_,
+    )  # fmt: skip
+    meter.set_restart_count(world.restart_count)
+    eval_batches = (
+        data.eval_loader(
+            task.eval_dataset,
+            rank=world.rank,
+            world_size=world.world_size,
+            batch_size=layout.micro_batch_size,
+        )
+        if task.eval_dataset is not None
+        else None
+    )
+    return Trainer(
+        cfg=cfg, runtime=runtime, world=world, reporter=reporter, meter=meter, tracker=tracker, task=task,
+        module=module, model=wrapped.model, optimizer=optimizer, fused=fused, scheduler=scheduler, scaler=scaler,
+        autocast=autocast, memory=memory, layout=layout, stream=stream, max_steps=max_steps,
+        eval_batches=eval_batches, checkpoints=checkpoints, kept=kept,
+    )  # fmt: skip
+
+
+def train_layout(task: Task, cfg: TrainSpec, world_size: int) -> tuple[Layout, ShardedStream | None]:
+    """How each step's global batch is split over ranks and micro-steps; the training set's stream, if any."""
+    import torch
+
+    from orchestrator.trainer import data
+
+    stream = task.train_dataset if isinstance(task.train_dataset, data.ShardedStream) else None
+    if stream is None and isinstance(task.train_dataset, torch.utils.data.IterableDataset):
+        raise TypeError(
+            "Task.train_dataset is an IterableDataset: give its shards as "
+            "orchestrator.trainer.data.ShardedStream(shards, sizes, read) so that orch can split, shuffle and "
+            "resume it exactly (docs/tasks.md, Streaming datasets)"
+        )
+    micro = cfg.micro_batch(world_size)
+    layout = data.Layout(len(cast(Sized, task.train_dataset)), cfg.batch_size, micro, world_size, cfg.seed)
+    return layout, stream
+
+
+def resume(trainer: Trainer) -> tuple[int | None, dict[str, Any] | None]:
+    """Every rank loads its part of the newest complete checkpoint: model, optimizer, schedule, scaler, RNG,
+    sample order. Returns the step resumed from and the saved counters; (None, None) on a fresh start."""
+    from orchestrator.trainer import checkpoint, data
+    from orchestrator.trainer.schedule import lr_at
+
+    cfg, world, reporter = trainer.cfg, trainer.world, trainer.reporter
+    resumed = trainer.checkpoints.load(module=trainer.module, optimizer=trainer.optimizer)
+    if resumed is None:
+        checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
+        trainer.tracker.start(saved={}, step=0)
+        return None, None
+    stretched = trainer.scheduler.load_state_dict(resumed.state["scheduler"])
+    trainer.scaler.load_state_dict(resumed.state["scaler"])
+    step = resumed.step
+    trainer.checkpoints.restore_rng(resumed.state, cfg.seed)
+    reporter.say(f"resumed from {resumed.path} at step {step}")
+    # The sample order the run started with goes on (checkpoints before orch's Feistel order had none).
+    order = resumed.state.get("data_order", data.ORDER_RANDPERM)
+    trainer.layout = dataclasses.replace(trainer.layout, order=order)
+    if order != data.ORDER_FEISTEL:
+        reporter.say(f"this run keeps the sample order of the version that started it ({order})")
+    saved_split = (resumed.state.get("world_size"), resumed.state.get("num_workers"))
+    if trainer.stream is not None and saved_split != (world.world_size, cfg.num_workers):
+        reporter.say(
+            f"warning: the stream was split for world size {saved_split[0]} x {saved_split[1]} workers, "
+            f"now {world.world_size} x {cfg.num_workers}: until the next epoch some samples may be read "
+            "twice and others not at all (docs/tasks.md, Streaming datasets)"
+        )
+    if stretched:
+        old_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, resumed.state["scheduler"]["max_steps"])
+        new_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, trainer.max_steps)
+        reporter.say(f"note: {stretched}; learning rate at step {step}: {old_lr:.3g} -> {new_lr:.3g}")
+    # A resumed job continues its MLflow run; TensorBoard drops what the last attempt wrote after `step`.
+    trainer.tracker.start(saved=resumed.state.get("tracking") or {}, step=step)
+    return step, resumed.state["counters"]
+
+
+def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, started: float) -> None:
+    """Final checkpoint, evaluation, summary.json and model.pt (rank 0), then every rank leaves together."""
+    import torch
+
+    from orchestrator.trainer import checkpoint, precision, report
+
+    cfg, runtime, world, layout = trainer.cfg, trainer.runtime, trainer.world, trainer.layout
+    step = progress.step
+    if resumed_from != trainer.max_steps and runtime.final_save:
+        trainer.save_checkpoint(step, progress)
+    trainer.checkpoints.close()  # async: the last write is on disk and in place
+    results = trainer.evaluate(step)
     if results:
-        reporter.evaluation(step=step, results=results)
+        trainer.reporter.evaluation(step=step, results=results)
     summary = report.summary(
         job=runtime.job_name, train=cfg, progress=progress, world_size=world.world_size,
-        nodes=world.num_nodes, micro_batch_size=micro, accumulation=layout.accumulation, device=world.device.type,
-        tokens_per_sample=task.tokens_per_sample, results=results, loss_scale=precision.loss_scale(scaler),
-        resumed_from=resumed_from, restarts=world.restart_count, wall_seconds=time.perf_counter() - started,
+        nodes=world.num_nodes, micro_batch_size=layout.micro_batch_size, accumulation=layout.accumulation,
+        device=world.device.type, tokens_per_sample=trainer.task.tokens_per_sample, results=results,
+        loss_scale=precision.loss_scale(trainer.scaler), resumed_from=resumed_from, restarts=world.restart_count,
+        wall_seconds=time.perf_counter() - started,
     )  # fmt: skip
     summary["parallel"] = cfg.parallel
-    summary["memory"] = memory_over_ranks(memory.report())
+    summary["memory"] = memory_over_ranks(trainer.memory.report())
     # collective under FSDP: gathered to rank 0 (benchmark runs write no model: ORCH_FINAL_SAVE=0)
-    final_model = checkpoint.full_model_state(module) if runtime.final_save else None
+    final_model = checkpoint.full_model_state(trainer.module) if runtime.final_save else None
     if world.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        if final_model is not None:
-            checkpoint.write_atomic(output_dir / "model.pt", final_model)
-        report.write_json(output_dir / "summary.json", summary)
-        if kept is not output_dir:  # the local copies stay: `orch run` reads summary.json, MLflow the model
-            tensorboard = [runtime.tracking.tensorboard_dir] if runtime.tracking.tensorboard_dir else []
-            for name in ["model.pt", "summary.json", *tensorboard]:
-                storage.upload(output_dir / name, kept / name)
-        model_file = [output_dir / "model.pt"] if runtime.tracking.mlflow_log_model else []
-        tracker.log_artifacts([output_dir / "summary.json", *model_file])
-        reporter.done(summary, summary_file=output_dir / "summary.json")
+        write_results(trainer, summary, final_model)
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()
-    return 0
+
+
+def write_results(
+    trainer: Trainer, summary: dict[str, Any], final_model: dict[str, torch.Tensor] | None
+) -> None:
+    """Rank 0: model.pt and summary.json in the output directory (and the store), the tracker's artifacts."""
+    from orchestrator import storage
+    from orchestrator.trainer import checkpoint, report
+
+    output_dir, tracking_env = trainer.output_dir, trainer.runtime.tracking
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if final_model is not None:
+        checkpoint.write_atomic(output_dir / "model.pt", final_model)
+    report.write_json(output_dir / "summary.json", summary)
+    if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
+        tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
+        for name in ["model.pt", "summary.json", *tensorboard]:
+            storage.upload(output_dir / name, trainer.kept / name)
+    model_file = [output_dir / "model.pt"] if tracking_env.mlflow_log_model else []
+    trainer.tracker.log_artifacts([output_dir / "summary.json", *model_file])
+    trainer.reporter.done(summary, summary_file=output_dir / "summary.json")
 
 
 def signal_name(number: int) -> str:
