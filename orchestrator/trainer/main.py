@@ -2,8 +2,10 @@
 
     torchrun --nproc-per-node=4 -m orchestrator.trainer --config train.json
 
-Reads top to bottom: config -> process group -> task, model, optimizer, schedule, precision, metrics,
-checkpoints -> resume -> loop -> final checkpoint, evaluation, summary.json and model.pt -> close.
+Reads top to bottom: `main` (config -> process group, reporter, metrics, tracking -> train -> close) and
+`train`, four sections of a screen each: set up (`set_up`: task, data, model, optimizer, schedule, precision,
+checkpoints, held by a `Trainer`) -> resume -> the loop (one optimizer step per iteration: step, log, eval,
+checkpoint, stop) -> the end (`finish`: final checkpoint, evaluation, summary.json and model.pt).
 A SIGTERM or first Ctrl-C ends the loop early with a checkpoint; `main` then returns 128+signal (stop.py).
 The config is the `train:` section of job.yaml as JSON; the launcher's runtime facts come from the ORCH_*
 environment (orchestrator/runtime_env.py, read once here) and the process's place from torchrun's (dist.py).
@@ -433,7 +435,7 @@ def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, st
 
     from orchestrator.trainer import checkpoint, precision, report
 
-    cfg, runtime, world, layout = trainer.cfg, trainer.runtime, trainer.world, trainer.layout
+    cfg, runtime, world = trainer.cfg, trainer.runtime, trainer.world
     step = progress.step
     if resumed_from != trainer.max_steps and runtime.final_save:
         trainer.save_checkpoint(step, progress)
@@ -442,10 +444,9 @@ def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, st
     if results:
         trainer.reporter.evaluation(step=step, results=results)
     summary = report.summary(
-        job=runtime.job_name, train=cfg, progress=progress, world_size=world.world_size,
-        nodes=world.num_nodes, micro_batch_size=layout.micro_batch_size, accumulation=layout.accumulation,
-        device=world.device.type, tokens_per_sample=trainer.task.tokens_per_sample, results=results,
-        loss_scale=precision.loss_scale(trainer.scaler), resumed_from=resumed_from, restarts=world.restart_count,
+        job=runtime.job_name, train=cfg, world=world, layout=trainer.layout, progress=progress,
+        tokens_per_sample=trainer.task.tokens_per_sample, results=results,
+        loss_scale=precision.loss_scale(trainer.scaler), resumed_from=resumed_from,
         wall_seconds=time.perf_counter() - started,
     )  # fmt: skip
     summary["parallel"] = cfg.parallel
