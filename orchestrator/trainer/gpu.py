@@ -21,7 +21,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +92,13 @@ class NvmlReader:
     per instance): the same.
     """
 
-    def __init__(self, pynvml) -> None:  # the module, imported by open_nvml_reader
+    def __init__(self, pynvml: ModuleType) -> None:  # the module, imported by open_nvml_reader
         self._nvml = pynvml
         self._handles: dict[str, object] = {}
         # (uuid, reading): NotSupported (or missing from this pynvml) once is forever
         self._unsupported: set[tuple[str, str]] = set()
 
-    def _handle(self, device: GpuDevice):
+    def _handle(self, device: GpuDevice) -> object:
         if device.uuid not in self._handles:
             try:
                 handle = self._nvml.nvmlDeviceGetHandleByUUID(device.uuid)
@@ -106,7 +110,7 @@ class NvmlReader:
             self._handles[device.uuid] = handle
         return self._handles[device.uuid]
 
-    def _try(self, device: GpuDevice, what: str, call: Callable[[], float | int | None]):
+    def _try(self, device: GpuDevice, what: str, call: Callable[[], Any]) -> Any:  # NVML structs or numbers
         if (device.uuid, what) in self._unsupported:
             return None
         try:
@@ -302,17 +306,22 @@ class GpuCollector:
             self._thread.join(timeout=5)
         self._reader.close()
 
-    def describe(self) -> Iterable:
+    def describe(self) -> Iterable[Metric]:
         return []  # the series depend on what each GPU supports; registering must not trigger a collect
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         base = list(self._labels)
         per_gpu = [*base, "gpu", "gpu_uuid"]
-        families: dict[str, object] = {}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
-        def family(kind, name: str, doc: str, unit_labels: Sequence[str] = ()):
+        def family(
+            kind: type[GaugeMetricFamily | CounterMetricFamily],
+            name: str,
+            doc: str,
+            unit_labels: Sequence[str] = (),
+        ) -> GaugeMetricFamily | CounterMetricFamily:
             if name not in families:
                 families[name] = kind(name, doc, labels=[*per_gpu, *unit_labels])
             return families[name]

@@ -23,6 +23,7 @@ import re
 import socket
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
     from orchestrator.runtime_env import RuntimeEnv
     from orchestrator.trainer import gpu
@@ -174,7 +176,7 @@ class _LiveFilesCollector:
         self._directory = directory
         self._inner = MultiProcessCollector(None, path=str(directory))
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         prune_dead_files(self._directory)
         return self._inner.collect()
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrator.spec import TrainSpec
+    from orchestrator.trainer.data import Layout
+    from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.step import StepResult
 
 
@@ -147,20 +149,16 @@ def summary(
     *,
     job: str,
     train: TrainSpec,
+    world: Dist,
+    layout: Layout,
     progress: Progress,
-    world_size: int,
-    nodes: int,
-    micro_batch_size: int,
-    accumulation: int,
-    device: str,
     tokens_per_sample: int | None,
     results: dict[str, float],
     loss_scale: float | None,
     resumed_from: int | None,
-    restarts: int,
     wall_seconds: float,
 ) -> dict[str, Any]:
-    """summary.json: what the run did."""
+    """summary.json: what the run did, where (`world`) and how its batch was split (`layout`)."""
     seconds = progress.train_seconds
     samples_done = (progress.step - progress.first_step) * train.batch_size
     return {
@@ -176,17 +174,17 @@ def summary(
         else None,
         "wall_seconds": wall_seconds,
         "train_seconds": seconds,
-        "world_size": world_size,
-        "nodes": nodes,
+        "world_size": world.world_size,
+        "nodes": world.num_nodes,
         "batch_size": train.batch_size,
-        "micro_batch_size": micro_batch_size,
-        "accumulation": accumulation,
+        "micro_batch_size": layout.micro_batch_size,
+        "accumulation": layout.accumulation,
         "precision": train.precision,
-        "device": device,
+        "device": world.device.type,
         "skipped_steps": progress.skipped_steps,
         "loss_scale": loss_scale,
         "resumed_from_step": resumed_from,
-        "restarts": restarts,
+        "restarts": world.restart_count,
     }
 
 

@@ -8,6 +8,8 @@ import torch.distributed as dist
 
 from orchestrator.spec import TrainSpec
 from orchestrator.trainer import report
+from orchestrator.trainer.data import Layout
+from orchestrator.trainer.dist import Dist
 from orchestrator.trainer.step import StepResult
 
 
@@ -42,14 +44,18 @@ def test_the_window_averages_updated_steps_and_restarts(group):
     assert (logged.loss, logged.loss_scale, logged.samples_per_second) == (5.0, 1024.0, 8.0)
 
     train = TrainSpec(task="synthetic", batch_size=8, max_steps=20)
+    world = Dist(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, num_nodes=1,
+                 restart_count=1, device=torch.device("cpu"))  # fmt: skip
+    layout = Layout(dataset_size=64, batch_size=8, micro_batch_size=4, world_size=2, seed=0)
     summary = report.summary(
-        job="j", train=train, progress=progress, world_size=2, nodes=1, micro_batch_size=4, accumulation=1,
-        device="cpu", tokens_per_sample=16, results={"loss": 1.5}, loss_scale=None, resumed_from=10,
-        restarts=1, wall_seconds=9.0,
+        job="j", train=train, world=world, layout=layout, progress=progress, tokens_per_sample=16,
+        results={"loss": 1.5}, loss_scale=None, resumed_from=10, wall_seconds=9.0,
     )  # fmt: skip
     assert summary["steps"] == 14 and summary["samples"] == 14 * 8
     assert summary["samples_per_second"] == 4 * 8 / 2.5  # this attempt's steps over its train time
     assert summary["tokens_per_second"] == 4 * 8 * 16 / 2.5
+    where = ("world_size", "nodes", "micro_batch_size", "accumulation", "device", "restarts")
+    assert [summary[key] for key in where] == [2, 1, 4, 1, "cpu", 1]
     assert (summary["final_loss"], summary["skipped_steps"], summary["resumed_from_step"]) == (5.0, 1, 10)
 
 

@@ -7,7 +7,7 @@ exercise input stalls (and to give fault tests a run that lasts long enough to b
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ class SlowDataset(Dataset):
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> Any:
         time.sleep(self.delay)
         return self.inner[index]
 
