@@ -240,16 +240,16 @@ class Trainer:
     def describe(self) -> str:
         """Rank 0's line before the first step: what runs, how the batch is split, which kernels."""
         cfg, world, layout = self.cfg, self.world, self.layout
+        fused = (
+            f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}"
+            if self.fused and cfg.optimizer.name != "sgd"
+            else ""
+        )
+        compiled = ", torch.compile" if cfg.compile else ""
         return (
             f"training {cfg.task} for {self.max_steps} steps: world {world.world_size} x micro-batch "
             f"{layout.micro_batch_size} x accumulation {layout.accumulation} = batch {cfg.batch_size}, "
-            f"{cfg.precision}, {cfg.parallel}, {world.device.type}"
-            + (
-                f", fused {OPTIMIZER_NAMES[cfg.optimizer.name]}"
-                if self.fused and cfg.optimizer.name != "sgd"
-                else ""
-            )
-            + (", torch.compile" if cfg.compile else "")
+            f"{cfg.precision}, {cfg.parallel}, {world.device.type}{fused}{compiled}"
         )
 
     def batches(self, *, start_step: int) -> Iterator[Any]:
