@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,20 @@ class Env:
     def orch(self, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
         """Run `orch` in this process exactly as the console script does (main(): errors, exit codes)."""
         return CliRunner().invoke(_EntryPoint(), list(args), env={**self.vars, **(env or {})})
+
+
+def run_orch(
+    *args: str, cwd: Path | None = None, env: dict[str, str | None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`orch ARGS` run in this process exactly as the console script runs it (main(): its `error:` line and exit
+    code), for tests about what orch prints and returns: milliseconds, where a process costs a Python start
+    (~0.4 CPU-s). An exception that main() lets escape (a traceback in the real process) is raised here, so
+    such a test fails on it too."""
+    with contextlib.chdir(cwd or Path.cwd()):
+        result = CliRunner().invoke(_EntryPoint(), list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception.with_traceback(result.exc_info[2] if result.exc_info else None)
+    return subprocess.CompletedProcess(["orch", *args], result.exit_code, result.stdout, result.stderr)
 
 
 class _EntryPoint:

@@ -2,7 +2,8 @@
 
 Each file starts with `# expect: FIELD: TEXT` (FIELD `-` for YAML-level mistakes that have no field) and
 marks the line the error must point at with `# <-` (or says `# line: N`). Every file goes through the loader;
-a sample also goes through the real `orch validate` / `orch render` processes for exit code and stderr.
+a sample also goes through `orch validate` / `orch render` (in process, as the console script runs: exit code and
+stderr), and two of those through the real console script in a process of its own (the process-level contract).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from orchestrator import loading
 from orchestrator.errors import SpecError
+from tests.fakes.cli import run_orch
 
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))
 ORCH = Path(sys.executable).with_name("orch")
@@ -63,11 +65,7 @@ CLI_SAMPLE = [
 ]
 
 
-@pytest.mark.parametrize("command", ["validate", "render"])
-@pytest.mark.parametrize("stem", CLI_SAMPLE)
-def test_cli_exits_2_with_one_line_and_no_traceback(stem, command):
-    path = BAD[0].parent / f"{stem}.yaml"
-    result = subprocess.run([str(ORCH), command, str(path)], capture_output=True, text=True, timeout=60)
+def assert_exit_2_with_one_line(result: subprocess.CompletedProcess[str], path: Path) -> None:
     assert result.returncode == 2
     assert result.stdout == ""  # nothing half-rendered
     assert "Traceback" not in result.stderr
@@ -76,18 +74,32 @@ def test_cli_exits_2_with_one_line_and_no_traceback(stem, command):
     check_message(line.removeprefix("error: "), path)
 
 
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("stem", CLI_SAMPLE)
+def test_cli_exits_2_with_one_line_and_no_traceback(stem, command):
+    path = BAD[0].parent / f"{stem}.yaml"
+    assert_exit_2_with_one_line(run_orch(command, str(path)), path)
+
+
+@pytest.mark.parametrize(
+    ("command", "stem"), [("validate", "yaml-syntax"), ("render", "batch-not-divisible")]
+)
+def test_the_console_script_exits_2_with_one_line_and_no_traceback(command, stem):
+    path = BAD[0].parent / f"{stem}.yaml"
+    result = subprocess.run([str(ORCH), command, str(path)], capture_output=True, text=True, timeout=60)
+    assert_exit_2_with_one_line(result, path)
+
+
 def test_render_without_image_names_the_field(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("name: no-image\ntrain: {task: digits}\n")
-    result = subprocess.run([str(ORCH), "render", str(job)], capture_output=True, text=True, timeout=60)
+    result = run_orch("render", str(job))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"error: {job}:") and ": image: required" in result.stderr
 
 
 def test_bad_override_names_the_flag(tmp_path):
     job = Path(__file__).parents[2] / "examples" / "cpu-minimal.yaml"
-    result = subprocess.run(
-        [str(ORCH), "render", str(job), "--set", "nodes=0"], capture_output=True, text=True, timeout=60
-    )
+    result = run_orch("render", str(job), "--set", "nodes=0")
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == "error: --set nodes=0: nodes: Input should be greater than 0\n"

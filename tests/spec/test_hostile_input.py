@@ -1,9 +1,13 @@
 """Careless and hostile input (issue #12): each case ends in exit 2 and one `error:` line, no traceback.
 
 The cases are generated per class (size and shape, restricted strings, numbers, reserved paths, --set and
-init mistakes, secrets). Each runs the real `orch` in a subprocess under a memory limit (RLIMIT_AS) and a
-timeout, so an alias bomb or an endless file fails the test instead of the machine. The restricted-string
-class is also checked in process for more control characters, against values proven valid without them.
+init mistakes, secrets). The size-and-shape class runs the real `orch` console script in a subprocess under a
+memory limit (RLIMIT_AS) and a timeout, so an alias bomb or an endless file fails the test instead of the
+machine, and so the process-level contract (exit status 2, nothing on stdout, one stderr line, no traceback) is
+proven on the real process. The other classes are about the message, so they run `orch` in process through
+main() (tests/fakes/cli.py's run_orch: the same error line and exit code, an escaping exception fails the test),
+a fraction of a Python start each. The restricted-string class is also checked on the loader for more control
+characters, against values proven valid without them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import yaml
 
 from orchestrator import loading
 from orchestrator.errors import SpecError
+from tests.fakes.cli import run_orch
 
 ORCH = Path(sys.executable).with_name("orch")
 MEMORY_LIMIT = 1 << 30  # bytes of address space per case: a bomb that expands dies here, not the machine
@@ -30,7 +35,8 @@ def limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def orch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def orch_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real console script in a process of its own, memory-limited: for input that could exhaust memory."""
     return subprocess.run(
         [str(ORCH), *args],
         capture_output=True,
@@ -103,11 +109,11 @@ def test_size_and_shape_end_in_one_line_naming_the_bound(case, tmp_path):
     text, bound = SHAPE[case]
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    assert_one_error_line(orch("validate", str(path)), str(path), bound)
+    assert_one_error_line(orch_process("validate", str(path)), str(path), bound)
 
 
 def test_an_endless_file_is_read_only_up_to_the_bound():
-    assert_one_error_line(orch("validate", "/dev/zero"), f"{loading.MAX_FILE_BYTES // 1024} KiB")
+    assert_one_error_line(orch_process("validate", "/dev/zero"), f"{loading.MAX_FILE_BYTES // 1024} KiB")
 
 
 # --- restricted strings: full match, so a trailing newline or control character is refused -------------
@@ -185,7 +191,7 @@ def test_restricted_string_with_a_control_character_is_refused(field, suffix, tm
 def test_trailing_newline_ends_in_one_line(field, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(restricted_job(field, valid_value(field) + "\n"))
-    assert_one_error_line(orch("validate", str(path)), str(path))
+    assert_one_error_line(run_orch("validate", str(path)), str(path))
 
 
 # --- numbers: Kubernetes' int32/int64 and finite floats ----------------------------------------------------
@@ -217,7 +223,7 @@ def test_out_of_range_numbers_end_in_one_line(case, tmp_path):
     text, bound = NUMBERS[case]
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    assert_one_error_line(orch("validate", str(path)), bound)
+    assert_one_error_line(run_orch("validate", str(path)), bound)
 
 
 # --- reserved mount paths, compared in normal form -------------------------------------------------------
@@ -229,7 +235,7 @@ RESERVED = ["/dev/shm/", "/etc/orch/", "/orch/output//", "/dev/./shm", "//etc/or
 def test_reserved_mount_paths_are_found_however_written(mount, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(job(volumes=[{"name": "v", "mount": mount, "empty_dir": True}]))
-    assert_one_error_line(orch("validate", str(path)), "is reserved by orch")
+    assert_one_error_line(run_orch("validate", str(path)), "is reserved by orch")
 
 
 def test_mount_paths_render_in_normal_form(tmp_path):
@@ -254,7 +260,7 @@ def test_bad_overrides_end_in_one_line(case, tmp_path):
     args, expected = OVERRIDES[case]
     path = tmp_path / "job.yaml"
     path.write_text(job(volumes=[{"name": "v", "mount": "/data", "empty_dir": True}]))
-    assert_one_error_line(orch("validate", str(path), *args), expected)
+    assert_one_error_line(run_orch("validate", str(path), *args), expected)
 
 
 def test_set_indexes_a_list(tmp_path):
@@ -265,7 +271,7 @@ def test_set_indexes_a_list(tmp_path):
 
 
 def test_init_into_a_missing_directory(tmp_path):
-    assert_one_error_line(orch("init", "missing/job.yaml", cwd=tmp_path), "does not exist")
+    assert_one_error_line(run_orch("init", "missing/job.yaml", cwd=tmp_path), "does not exist")
     assert not (tmp_path / "missing").exists()
 
 
@@ -273,7 +279,7 @@ def test_init_into_a_missing_directory(tmp_path):
 def test_init_name_is_data_not_text(name, tmp_path):
     """A newline in --name cannot add keys: the file reads back with exactly the name given, or nothing is
     written and the error names the flag."""
-    result = orch("init", "--name", name, cwd=tmp_path)
+    result = run_orch("init", "--name", name, cwd=tmp_path)
     written = tmp_path / "job.yaml"
     if result.returncode == 0:
         assert yaml.safe_load(written.read_text())["name"] == name
@@ -298,14 +304,14 @@ SECRET = "hunter2-s3cret-value"
 def test_secret_in_the_wrong_place_is_not_echoed(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(job(secret_env={"TOKEN": SECRET}))
-    line = assert_one_error_line(orch("validate", str(path)), "secret_env.TOKEN")
+    line = assert_one_error_line(run_orch("validate", str(path)), "secret_env.TOKEN")
     assert SECRET not in line
 
 
 def test_secret_given_by_set_is_not_echoed(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(job())
-    line = assert_one_error_line(orch("validate", str(path), "--set", f"secret_env.TOKEN={SECRET}"))
+    line = assert_one_error_line(run_orch("validate", str(path), "--set", f"secret_env.TOKEN={SECRET}"))
     assert SECRET not in line and "secret_env.TOKEN" in line
 
 
@@ -376,7 +382,7 @@ def test_second_round_shapes_end_in_one_line(case, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=False))
     for command in ("validate", "render"):
-        line = assert_one_error_line(orch(command, str(path)), str(path), expected)
+        line = assert_one_error_line(run_orch(command, str(path)), str(path), expected)
         assert "hunter22" not in line
 
 
@@ -396,7 +402,7 @@ def test_yaml_values_without_a_json_form_are_refused_at_their_position(case, tmp
     text, tag, line = YAML_TAGS[case]
     path = tmp_path / "job.yaml"
     path.write_text(HEAD + text)
-    assert_one_error_line(orch("render", "-o", "json", str(path)), f"{path}{line}", tag, "no JSON form")
+    assert_one_error_line(run_orch("render", "-o", "json", str(path)), f"{path}{line}", tag, "no JSON form")
 
 
 def test_a_plain_date_is_the_string_it_reads_as(tmp_path):
@@ -406,7 +412,7 @@ def test_a_plain_date_is_the_string_it_reads_as(tmp_path):
     )
     assert "2024-01-01" in path.read_text() and "'2024-01-01'" not in path.read_text()
     assert loading.load_job(path).train.task_args == {"since": "2024-01-01"}
-    result = orch("render", "-o", "json", str(path))
+    result = run_orch("render", "-o", "json", str(path))
     assert result.returncode == 0, result.stderr
     assert '\\"since\\": \\"2024-01-01\\"' in result.stdout
 
@@ -436,10 +442,10 @@ def test_a_python_dict_with_a_date_is_refused_naming_the_field():
 def test_set_on_a_missing_list_or_an_odd_key_ends_in_one_line(args, expected, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(job())
-    assert_one_error_line(orch("validate", str(path), *args), expected)
+    assert_one_error_line(run_orch("validate", str(path), *args), expected)
 
 
 def test_a_key_that_looks_like_an_index_is_named_in_the_error(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(job() + "volumes[0]: 3\n")
-    assert_one_error_line(orch("validate", str(path)), "unknown field; did you mean 'volumes'")
+    assert_one_error_line(run_orch("validate", str(path)), "unknown field; did you mean 'volumes'")

@@ -1,23 +1,19 @@
-"""`orch init`, `orch validate`, `orch render` as a user runs them (real processes where exit codes matter)."""
+"""`orch init`, `orch validate`, `orch render` as a user runs them: in process through main(), as the console
+script runs them (exit codes, stdout/stderr; tests/fakes/cli.py's run_orch). The console script's own process
+contract is proven in tests/spec/test_bad_specs.py and test_hostile_input.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from orchestrator import loading, render
+from tests.fakes.cli import run_orch as orch
 from tests.spec.manifest_checks import cluster_errors
 
-ORCH = Path(sys.executable).with_name("orch")
 EXAMPLES = Path(__file__).parents[2] / "examples"
-
-
-def orch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(ORCH), *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def test_init_writes_a_commented_job_that_validates_and_renders(tmp_path):
