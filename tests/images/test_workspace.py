@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator import loading, workspace
-
-ORCH = [sys.executable, "-m", "orchestrator"]
+from tests.fakes.cli import run_orch  # in process, as the console script runs: the warnings are on stderr
 BASE = "registry.example/team/trainer:abc"
 
 
@@ -121,10 +118,6 @@ def test_the_layer_dockerfile_installs_requirements_only_when_there_are_some():
         "ENV PYTHONPATH=/orch/workspace",
         "WORKDIR /orch/workspace",
     ]
-
-
-def run_orch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*ORCH, *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("command", ["validate", "render"])

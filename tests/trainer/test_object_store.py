@@ -21,6 +21,7 @@ from torch import nn
 
 from orchestrator import storage
 from orchestrator.trainer import checkpoint
+from tests.fakes.cli import run_orch
 from tests.s3server import Throttling, s3_server
 from tests.trainer.test_checkpoint import (
     TRAIN_STATE,
@@ -240,12 +241,14 @@ def test_orch_run_out_s3_keeps_everything_in_the_store_and_resumes_at_another_wo
 
 
 def test_orch_run_refuses_an_unusable_store_in_one_line_before_starting(s3, tmp_path):
+    """In process (tests/fakes/cli.py: main() as the console script runs it): the refusal comes before anything
+    starts, and the watch of tests/tiers.py fails this test if orch run started a process anyway."""
     job = str(REPO_ROOT / "examples" / "digits.yaml")
-    missing = orch(job, "--out", "s3://no-such-bucket/run", env=s3.env(), cwd=tmp_path)
+    missing = run_orch("run", job, "--out", "s3://no-such-bucket/run", cwd=tmp_path)
     assert (missing.returncode, missing.stderr) == (
         2, "error: cannot write to s3://no-such-bucket/run: the bucket does not exist\n"
     )  # fmt: skip
-    unsupported = orch(job, "--out", "ftp://host/run", env=s3.env(), cwd=tmp_path)
+    unsupported = run_orch("run", job, "--out", "ftp://host/run", cwd=tmp_path)
     assert (unsupported.returncode, unsupported.stderr) == (
         2, "error: --out ftp://host/run: scheme ftp:// is not supported (supported: s3://, gs://, az://)\n"
     )  # fmt: skip
