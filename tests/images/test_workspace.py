@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import loading, workspace
 from tests.fakes.cli import run_orch  # in process, as the console script runs: the warnings are on stderr
+
 BASE = "registry.example/team/trainer:abc"
 
 
