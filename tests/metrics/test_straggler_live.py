@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.metrics.conftest import REPO, free_port
+from tests.trainer.test_faults import steps_logged, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,9 @@ def test_a_slowed_rank_is_named_the_straggler(tmp_path):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
+        # Training first (a file to read), then `orch top` (a Python start each, ~0.5 CPU-s: not a poll to
+        # repeat through the ranks' torch imports)
+        wait_for(lambda: steps_logged(tmp_path / "out" / "progress.jsonl") >= 10, what="the first steps")
         deadline, seen = time.monotonic() + 180, None
         while time.monotonic() < deadline:
             top = subprocess.run(
