@@ -135,8 +135,12 @@ def _session_mlflow_server(tmp_path_factory):
 @pytest.fixture
 def mlflow_server(_session_mlflow_server):
     """The session's server, running (started again if a test stopped it)."""
-    server = _session_mlflow_server
-    if not server.answers():  # never started, or stopped (or stopping) after a test's outage
+    return running(_session_mlflow_server)
+
+
+def running(server: MlflowServer) -> MlflowServer:
+    """`server`, started if it is not answering (never started, or stopped after a test's outage)."""
+    if not server.answers():
         server.stop()
         server.start()
     return server

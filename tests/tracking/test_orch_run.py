@@ -8,6 +8,7 @@ log lines, exact), its log lines (4 decimals) and summary.json. Resuming (a seco
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.images import git_revision
 from orchestrator.trainer import tracking
-from tests.tracking.conftest import metric_history, tensorboard_scalars
+from tests.tracking.conftest import metric_history, running, tensorboard_scalars
 from tests.trainer.conftest import REPO, Run, orch_run
 
 pytestmark = pytest.mark.slow
@@ -50,20 +51,47 @@ def where_params() -> dict[str, str]:
     }
 
 
-def test_mlflow_records_the_demo_and_its_resume_as_one_run(mlflow_server, tmp_path):
-    out, sets = (
-        tmp_path / "run",
-        (f"tracking.mlflow.tracking_uri={mlflow_server.uri}", "tracking.mlflow.experiment=e2e"),
-    )
+@dataclass
+class DemoAndResume:
+    """The demo run to step 50 and its resume to 100 in the same --out, recorded by MLflow and TensorBoard."""
+
+    out: Path
+    first: Run
+    first_steps: list[dict]
+    first_train: dict
+    first_eval: dict
+    first_links: dict
+    second: Run
+    second_steps: list[dict]
+
+
+@pytest.fixture(scope="module")
+def demo_and_resume(_session_mlflow_server, tmp_path_factory) -> DemoAndResume:
+    """One pair of runs for both sinks' tests (docs/testing.md, "Shared training runs")."""
+    server = running(_session_mlflow_server)
+    out = tmp_path_factory.mktemp("demo") / "run"
+    sets = (f"tracking.mlflow.tracking_uri={server.uri}", "tracking.mlflow.experiment=e2e",
+            "tracking.tensorboard=true")  # fmt: skip
     first = run_digits(out, 50, *sets)
     first_steps, first_train = events(out, "step"), json.loads((out / "train.json").read_text())
     first_eval = first.summary["eval"]  # read now: the second run rewrites summary.json
-    links = json.loads((out / tracking.LINKS_FILE).read_text())
-    assert first.stdout.splitlines()[-1] == f"tracking: mlflow {links['mlflow']}"
+    first_links = json.loads((out / tracking.LINKS_FILE).read_text())
     second = run_digits(out, 100, *sets)  # the same --out: resumes from step 50
     second_steps = events(out, "step")[len(first_steps) :]  # progress.jsonl keeps every run's (appended)
+    return DemoAndResume(out, first, first_steps, first_train, first_eval, first_links, second, second_steps)
 
-    client = mlflow_server.client()
+
+def test_mlflow_records_the_demo_and_its_resume_as_one_run(demo_and_resume, mlflow_server, tmp_path):
+    demo = demo_and_resume
+    out, first, second, links = demo.out, demo.first, demo.second, demo.first_links
+    first_steps, first_train, first_eval, second_steps = (
+        demo.first_steps, demo.first_train, demo.first_eval, demo.second_steps,
+    )  # fmt: skip
+    assert first.stdout.splitlines()[-1] == (
+        f"tracking: mlflow {links['mlflow']}, tensorboard --logdir {out / 'tensorboard'}"
+    )
+
+    client = mlflow_server.client()  # running again if a test stopped it since
     runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
     assert len(runs) == 1
     run = runs[0]
@@ -108,13 +136,11 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(mlflow_server, tmp_pa
     assert Path(model).read_bytes() == (out / "model.pt").read_bytes()
 
 
-def test_tensorboard_records_the_demo_and_its_resume(tmp_path):
-    out = tmp_path / "run"
-    first = run_digits(out, 50, "tracking.tensorboard=true")
-    first_eval = first.summary["eval"]
+def test_tensorboard_records_the_demo_and_its_resume(demo_and_resume):
+    demo = demo_and_resume
+    out, first, second, first_eval = demo.out, demo.first, demo.second, demo.first_eval
     assert f"tensorboard --logdir {out / 'tensorboard'}" in first.stdout.splitlines()[:3]
-    assert first.stdout.splitlines()[-1] == f"tracking: tensorboard --logdir {out / 'tensorboard'}"
-    second = run_digits(out, 100, "tracking.tensorboard=true")
+    assert first.stdout.splitlines()[-1].endswith(f", tensorboard --logdir {out / 'tensorboard'}")
     steps = events(out, "step")  # progress.jsonl keeps every run's events (appended): both runs'
 
     scalars = tensorboard_scalars(out / "tensorboard")
