@@ -48,6 +48,10 @@ def orch_run(live_prometheus, tmp_path_factory):
             "train.eval_every=0",
             "--set",
             "train.checkpoint.every_steps=1000000",
+            # ~15 steps a second, mostly asleep: the run waits for Prometheus's scrapes, and at full speed
+            # its two ranks spent two cores on steps nobody reads
+            "--set",
+            "train.task_args.sample_delay=0.002",
         ],
         cwd=REPO,
         env=env,
