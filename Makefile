@@ -47,15 +47,19 @@ demo: install
 # The tiers (docs/testing.md): tests/tiers.py marks every test that starts a process or server `slow` at collection.
 # `make test` is the fast tier (in-process tests plus one `smoke` test per path); `make test-all` runs everything
 # (what .ci/run calls). Both use every core: --dist loadgroup keeps the tests that share an expensive fixture (the
-# MLflow server, a module's training run) on one worker. PYTEST_ARGS adds to it, e.g. PYTEST_ARGS='tests/spec -x'.
+# MLflow server, a module's training run) on one worker. The full tier runs two workers per core: its tests wait
+# (servers starting, scrape intervals, downloads, disk copies of images) and another worker's test uses the core
+# meanwhile. It prints the 25 slowest set-ups and tests, so a CI log shows where the time went.
+# PYTEST_ARGS adds to it, e.g. PYTEST_ARGS='tests/spec -x'.
 PYTEST_WORKERS ?= auto
-PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_ALL_WORKERS ?= $(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1))))
+PYTEST := $(BIN)/python -m pytest -q --dist loadgroup
 
 test: install
-	$(PYTEST) -m "not slow or smoke" $(PYTEST_ARGS)
+	$(PYTEST) -n $(PYTEST_WORKERS) -m "not slow or smoke" $(PYTEST_ARGS)
 
 test-all: install mlflow-server moto-server
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PYTEST) -n $(PYTEST_ALL_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check orchestrator tests benchmarks
