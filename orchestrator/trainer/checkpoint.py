@@ -64,6 +64,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -540,12 +541,20 @@ class Checkpointer:
         world_size: int,
         mode: str = "ddp",
         async_save: bool = False,
+        collective_timeout: timedelta | None = None,
     ) -> None:
         self.directory, self.every_steps, self.keep = directory, every_steps, keep
         self.rank, self.world_size, self.mode = rank, world_size, mode
         self.async_save = async_save
         self._pending: _Write | None = None
-        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        # The background write's collectives get a group of their own (never interleaved with training's).
+        # A new group does not inherit the default group's timeout (torch gives it 30 minutes): the run's
+        # train.collective_timeout is passed down so that it bounds these collectives too.
+        self._group = (
+            dist.new_group(backend="gloo", timeout=collective_timeout)
+            if async_save and dist.is_initialized()
+            else None
+        )
         self.remote = storage.is_remote(directory)
         self._lock: Any = None
         refused: str | None = None

@@ -352,7 +352,7 @@ def set_up(
     checkpoints = checkpoint.Checkpointer(
         checkpoint_dir(kept, cfg.checkpoint.dir), every_steps=cfg.checkpoint.every_steps,
         keep=cfg.checkpoint.keep, rank=world.rank, world_size=world.world_size, mode=cfg.parallel,
-        async_save=cfg.checkpoint.async_,
+        async_save=cfg.checkpoint.async_, collective_timeout=timedelta(seconds=cfg.collective_timeout),
     )  # fmt: skip
     meter.set_restart_count(world.restart_count)
     eval_batches = (

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,17 @@ def test_async_save_lands_complete(tmp_path, group):
     saver.close()  # waits for the write and puts it in place
     assert checkpoint.verify(checkpoint.path_for(tmp_path, 10)) is None
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_async_save_group_is_bounded_by_the_collective_timeout(tmp_path, group):
+    """The async write's own group waits as long as train.collective_timeout says, not torch's 30 minutes
+    (torch's new_group gives a group without a timeout `_get_default_timeout(backend)`, whatever the default
+    group's is: torch/distributed/distributed_c10d.py, _new_group_with_tag). The timeout is read from the
+    gloo backend's options, the value its collectives wait with (no public accessor in torch 2.13)."""
+    saver = checkpointer(tmp_path, async_save=True, collective_timeout=timedelta(seconds=7))
+    gloo = saver._group._get_backend(torch.device("cpu"))
+    assert gloo.options._timeout == timedelta(seconds=7)
+    saver.close()
 
 
 KILL_SCRIPT = """
