@@ -133,7 +133,7 @@ def job_status(
         start_time=text(dig(job, "status", "startTime")),
         completion_time=text(dig(job, "status", "completionTime")),
         restarts=api.restarts(job, list(pods)),
-        pods=sorted((pod_summary(api, p) for p in pods), key=pod_order),
+        pods=sorted((pod_summary(api, p) for p in pods), key=lambda pod: pod_order(api, pod)),
         events=[event_summary(e) for e in warning_events(events)],
         tracking=tracking_record.describe(dig(job, "metadata", "annotations")),
         output_url=text(dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
@@ -247,9 +247,10 @@ def pod_summary(api: JobAPI, pod: Any) -> PodSummary:
     )
 
 
-def pod_order(pod: PodSummary) -> tuple[int, int, str]:
-    """Master first, then workers by index: the order ranks are numbered in."""
-    return (0 if pod.role == "master" else 1, pod.index, pod.name)
+def pod_order(api: JobAPI, pod: PodSummary) -> tuple[int, int, str]:
+    """The order pods are listed in: the API's display order (a master or launcher first, then by replica
+    index), then by name. Not rank order (`orch logs --rank` asks `api.node_rank`)."""
+    return (*api.display_order(pod.role, pod.index), pod.name)
 
 
 def container_started(pod: Any, container: str) -> bool:

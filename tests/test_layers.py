@@ -122,9 +122,15 @@ def test_no_module_outside_apis_names_an_api():
 
 
 def test_no_module_outside_apis_reads_an_apis_own_fields():
-    """The fields of one API's objects (a PyTorchJob's replica specs, a TrainJob's runtime and child Jobs) are
-    read and written by its module only: the rest asks the JobAPI (e.g. `pod_templates`)."""
+    """The fields of one API's objects (a PyTorchJob's replica specs, a TrainJob's runtime and child Jobs) and
+    the roles of its pods are read and written by its module only: the rest asks the JobAPI (e.g.
+    `pod_templates`, `display_order`)."""
     fields = {
+        "Master",
+        "Worker",
+        "master",
+        "worker",
+        "node",
         "pytorchReplicaSpecs",
         "runPolicy",
         "elasticPolicy",

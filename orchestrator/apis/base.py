@@ -106,6 +106,12 @@ class JobAPI(Protocol):
         """The torchrun node rank of the pod with this role and index (`orch logs --rank`)."""
         ...
 
+    def display_order(self, role: str, index: int) -> tuple[int, int]:
+        """Where the pod with this role and index is listed (`orch status`, `orch logs`), as a sort key: the
+        pod the others start from (a master or launcher) first, then by replica index. Not the rank order:
+        the ranks of an elastic job's pods are numbered by its rendezvous (`node_rank` says them)."""
+        ...
+
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """(pods, GPUs per pod) from the job's spec (`orch list`)."""
         ...

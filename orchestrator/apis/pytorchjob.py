@@ -152,6 +152,10 @@ class PyTorchJobAPI:
             return index  # not a replica of the spec (or a spec no cluster runs): nothing to sort
         return sorted(range(workers), key=str).index(index)  # NAME-worker-I sorts as str(I) does
 
+    def display_order(self, role: str, index: int) -> tuple[int, int]:
+        """The Master replica, then the Workers by index (worker-2 before worker-10, whatever their ranks)."""
+        return (0 if role == "master" else 1, index)
+
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """Master + Worker replicas, and the `pytorch` container's GPUs."""
         replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")

@@ -289,6 +289,10 @@ class TrainJobAPI:
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
         return index  # PET_NODE_RANK is the Job completion index of the "node" pods
 
+    def display_order(self, role: str, index: int) -> tuple[int, int]:
+        """By completion index: the "node" pods are alike (the torch runtime has no launcher pod)."""
+        return (0, index)
+
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """From `spec.trainer` (numNodes, resourcesPerNode); 0 where the runtime alone decides."""
         trainer = status.dig(job, "spec", "trainer")

@@ -113,7 +113,7 @@ def troubled(pod: dict[str, Any], container: str) -> bool:
 
 
 def _ordered(job: jobs.Job, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(pods, key=lambda p: status.pod_order(status.pod_summary(job.api, p)))
+    return sorted(pods, key=lambda p: status.pod_order(job.api, status.pod_summary(job.api, p)))
 
 
 def _job_size(job: jobs.Job, pods: int) -> int:

@@ -75,13 +75,22 @@ def test_pod_summary_explains_the_pod():
     assert status.pod_summary(API, terminating).phase == "Terminating"
 
 
-def test_pods_in_rank_order():
+def listed(pods):
+    return sorted((status.pod_summary(API, p) for p in pods), key=lambda pod: status.pod_order(API, pod))
+
+
+def test_pods_listed_master_first_then_by_index_which_is_not_rank_order():
     pods = [
         pod_object(f"j-{r}-{i}", "j", r, i, state="running")
         for r, i in (("worker", 10), ("worker", 2), ("master", 0), ("worker", 0))
     ]
-    names = [p.name for p in sorted((status.pod_summary(API, p) for p in pods), key=status.pod_order)]
-    assert names == ["j-master-0", "j-worker-0", "j-worker-2", "j-worker-10"]
+    assert [p.name for p in listed(pods)] == ["j-master-0", "j-worker-0", "j-worker-2", "j-worker-10"]
+    # An elastic job (Workers only): c10d's rendezvous ranks worker-10 before worker-2 (node_rank, which
+    # `orch logs --rank` follows); the listing keeps the index order.
+    elastic = {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 11}}}}
+    workers = listed(pod_object(f"j-worker-{i}", "j", "worker", i, state="running") for i in (10, 2, 0))
+    assert [p.name for p in workers] == ["j-worker-0", "j-worker-2", "j-worker-10"]
+    assert [API.node_rank(elastic, p.role, p.index) for p in workers] == [0, 3, 2]
 
 
 def test_nodes_and_gpus_from_the_spec():
