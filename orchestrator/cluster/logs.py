@@ -5,7 +5,7 @@ rank 0 plus every pod that failed, restarted or whose container ended in error, 
 (`--all`, `--ranks 0-63`, `--rank`, `--pod`). At most `max_requests` log streams are open at once (like
 kubectl's `--max-log-requests`), so a 1,000-pod job does not open 1,000 connections.
 
-Without `follow`: what each selected container has logged so far, pod by pod in rank order, read
+Without `follow`: what each selected container has logged so far, pod by pod in display order (master first, then by index), read
 `max_requests` at a time. With `follow` (`LogFollower`): lines as they come, from a thread per followed
 container instance. The job and its pods are watched (one list, then watches resumed from their
 resourceVersion; no re-listing), so the requests do not grow with the job's size or age. Pods beyond the
@@ -173,7 +173,7 @@ def stream_logs(
                                   since_seconds=since_seconds)  # fmt: skip
         return summary, list(lines)
 
-    # `max_requests` streams at once; each pod's lines are printed whole and together, in rank order.
+    # `max_requests` streams at once; each pod's lines are printed whole and together, in display order.
     with ThreadPoolExecutor(max_workers=max(1, max_requests), thread_name_prefix="orch-logs") as pool:
         for p, (summary, lines) in zip(pods, pool.map(read, pods), strict=True):
             if not status.container_started(p, job.api.container):
