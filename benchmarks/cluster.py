@@ -177,6 +177,10 @@ def measure(*, sizes: tuple[int, ...] = SIZES, rounds: int = 3) -> dict[str, Any
 
     results: dict[str, Any] = {"sizes": list(sizes), "rounds": rounds, "rows": [], "wait_window": []}
     work = scratch_dir("orch-bench-cluster-")
+    # orch's bytecode, as an installed package has it (pip compiles at install): where the environment sets
+    # PYTHONDONTWRITEBYTECODE, a module edited since its last .pyc would otherwise be compiled on every run.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator")], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
     with serve(operator=True, trainer=True) as kube:
         bench = Bench(kube, work)
         bench.kubectl(
