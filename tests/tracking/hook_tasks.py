@@ -6,6 +6,7 @@ The hooks add the task's own scalars, and can act at a given step on rank 0: sto
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from orchestrator import runtime_env
 from orchestrator.trainer.tasks import Task, digits
 
 
@@ -33,8 +35,9 @@ def digits_with_hooks(
             os.killpg(stop_server_pgid, signal.SIGTERM)
             _wait_until_down(stop_server_url)
         if rank0 and step == scrape_at:  # what this rank's exporter serves now (set at the previous log step)
-            port = os.environ["ORCH_METRICS_PORT"]
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            # where it listens, as announced: the job's port, or a free one when another program holds that
+            url = json.loads(Path(os.environ[runtime_env.METRICS_ENDPOINT_FILE]).read_text())["url"]
+            with urllib.request.urlopen(url, timeout=30) as response:
                 Path(scrape_file).write_bytes(response.read())
         if rank0 and step == fail_once_at and not Path(marker).exists():
             Path(marker).touch()
