@@ -20,17 +20,17 @@ import pytest
 
 from orchestrator import images
 from tests.conftest import require_tool
+from tests.fakes.cli import run_orch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ORCH = str(Path(sys.executable).with_name("orch"))
 
 
 def orch(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [ORCH, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300
-    )
+) -> subprocess.CompletedProcess[str]:
+    """`orch ARGS` in process, as the console script runs it (tests/fakes/cli.py): what it prints and returns.
+    A build runs the tool as a child process; tests that build are `launch` through their buildah_env."""
+    return run_orch(*args, env=dict(env or {}), cwd=cwd)
 
 
 @pytest.fixture
