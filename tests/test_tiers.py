@@ -126,3 +126,18 @@ def test_a_process_the_classifier_did_not_see_fails_the_test(pytester: pytest.Py
     assert [r.nodeid.split("::")[-1] for r in passed] == ["test_declared"]
     assert [r.nodeid.split("::")[-1] for r in failed] == ["test_unseen"]
     assert "Mark it @pytest.mark.launch" in str(failed[0].longrepr)
+
+
+@pytest.mark.launch  # the inner session's fixture runs `true`
+def test_a_shared_fixture_may_start_a_process_in_its_teardown(pytester: pytest.Pytester) -> None:
+    """pytest tears a session fixture down in the teardown of the last test, here an in-process one."""
+    pytester.makeconftest(
+        "import subprocess, pytest\nfrom tests.tiers import shared_fixture_teardown\n\n"
+        "@pytest.fixture(scope='session')\ndef image():\n    subprocess.run(['true'], check=True)\n    yield\n"
+        "    with shared_fixture_teardown():\n        subprocess.run(['true'], check=True)\n"
+    )
+    pytester.makepyfile(test_sample="def test_build(image):\n    pass\n\ndef test_in_process():\n    pass\n")
+    result = pytester.inline_run("-p", "tests.tiers")
+    passed, _, failed = result.listoutcomes()
+    assert [r.nodeid.split("::")[-1] for r in passed] == ["test_build", "test_in_process"]
+    assert failed == [], failed[0].longrepr  # no error at test_in_process's teardown

@@ -28,6 +28,7 @@ import os
 import subprocess
 import types
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,19 @@ class _Classifier:
                     if found:
                         return f"{name} -> {found}" if not found.startswith(f"{name} ") else found
         return None
+
+
+@contextmanager
+def shared_fixture_teardown() -> Iterator[None]:
+    """Wrap the teardown of a launching fixture scoped wider than a test when it starts a process (e.g. removing a
+    session's image with buildah): pytest runs that teardown in the teardown of whichever test used the fixture
+    last or came last, which may be an in-process test. The process is the fixture's, so the watch looks away."""
+    saved = _Watch.current
+    _Watch.current = None
+    try:
+        yield
+    finally:
+        _Watch.current = saved
 
 
 def starts_a_process(function: Any) -> Any:
