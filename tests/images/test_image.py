@@ -11,33 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.images.conftest import REPO_ROOT, buildah
+from tests.images.conftest import (
+    ORCH,
+    REPO_ROOT,
+    buildah,
+    container,
+    free_port,
+    image_config,
+    orch_build,
+    pip_from,
+)
 
 # A cold cache builds the base and torch images in the fixtures first (~9 min on a loaded 2-core machine): more than
 # pytest-timeout's 600 s per test. The builds have their own subprocess timeouts (conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-ORCH = str(Path(sys.executable).with_name("orch"))
-
-
-def _orch_build(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run([ORCH, "build", str(REPO_ROOT), "--tool", "buildah", *args], capture_output=True,
-                            text=True, env={**os.environ, **env}, timeout=900)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout.strip().splitlines()[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rendered_pod(tmp_path: Path) -> tuple[dict, str]:
@@ -57,27 +50,23 @@ def _rendered_pod(tmp_path: Path) -> tuple[dict, str]:
     return master, config["data"]["train.json"]
 
 
-def _smoke(env: dict[str, str], ref: str, tmp_path: Path) -> dict:
-    """Run the rendered command in a container of `ref` as the operator would start it; return summary.json."""
-    container, train_json = _rendered_pod(tmp_path)
+def _smoke(env: dict[str, str], name: str, tmp_path: Path) -> dict:
+    """Run the rendered command in container `name` as the operator would start it; return summary.json."""
+    pod, train_json = _rendered_pod(tmp_path)
     (tmp_path / "train.json").write_text(train_json)
-    name = buildah(env, "from", ref).strip()
-    try:
-        buildah(env, "copy", "--chmod", "0644", name, str(tmp_path / "train.json"), "/etc/orch/train.json")
-        pod_env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-        # What the training operator injects for a one-node job (here the node is the host's loopback,
-        # since chroot isolation shares the host network); metrics off: no fixed port on a shared host.
-        pod_env.update(PET_NNODES="1", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
-                       PET_MASTER_PORT=str(_free_port()), ORCH_METRICS_PORT="0")  # fmt: skip
-        env_args = [arg for key, value in pod_env.items() for arg in ("--env", f"{key}={value}")]
-        result = subprocess.run(
-            ["buildah", "run", *env_args, name, "--", *container["command"], *container.get("args", [])],
-            capture_output=True, text=True, env={**os.environ, **env}, timeout=240,
-        )  # fmt: skip
-        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-        return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
-    finally:
-        buildah(env, "rm", name, check=False)
+    buildah(env, "copy", "--chmod", "0644", name, str(tmp_path / "train.json"), "/etc/orch/train.json")
+    pod_env = {e["name"]: e["value"] for e in pod.get("env", []) if "value" in e}
+    # What the training operator injects for a one-node job (here the node is the host's loopback,
+    # since chroot isolation shares the host network); metrics off: no fixed port on a shared host.
+    pod_env.update(PET_NNODES="1", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
+                   PET_MASTER_PORT=str(free_port()), ORCH_METRICS_PORT="0")  # fmt: skip
+    env_args = [arg for key, value in pod_env.items() for arg in ("--env", f"{key}={value}")]
+    result = subprocess.run(
+        ["buildah", "run", *env_args, name, "--", *pod["command"], *pod.get("args", [])],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
 
 
 @pytest.fixture
@@ -90,43 +79,31 @@ def built(buildah_env: dict[str, str]):
     buildah(buildah_env, "rmi", "--prune", check=False)
 
 
-def _config(env: dict[str, str], ref: str) -> dict:
-    return json.loads(buildah(env, "inspect", "--type", "image", ref))["OCIv1"]["config"]
-
-
 def test_cpu_image_builds_and_trains(buildah_env, ci_base, wheelhouse, built, tmp_path: Path) -> None:
     env = buildah_env
-    pip = ["--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"PIP_FIND_LINKS={wheelhouse}"]
-    cpu = _orch_build(env, "--file", str(REPO_ROOT / "images/cpu/Dockerfile"), "--image", "localhost/orch-cpu",
-                      "--build-arg", f"PYTHON_IMAGE={ci_base}", *pip)  # fmt: skip
+    cpu = orch_build(env, "--file", str(REPO_ROOT / "images/cpu/Dockerfile"), "--image", "localhost/orch-cpu",
+                     "--build-arg", f"PYTHON_IMAGE={ci_base}", *pip_from(wheelhouse))  # fmt: skip
     built.append(cpu)
     assert cpu.startswith("localhost/orch-cpu:")
 
-    config = _config(env, cpu)
+    config = image_config(env, cpu)
     assert config["User"] == "10001" and config["WorkingDir"] == "/orch"
     assert "ORCH_OUTPUT_DIR=/orch/output" in config["Env"]
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == __import__("orchestrator").__version__
     assert labels["org.opencontainers.image.base.name"] == ci_base
-    versions = buildah(env, "run", buildah(env, "from", cpu).strip(), "--", "python", "-c",
-                       "import torch, orchestrator; print(torch.__version__)")  # fmt: skip
-    assert versions.strip() == "2.13.0+cpu"  # the torch the torch stage installed, not re-resolved
+    with container(env, cpu) as name:
+        versions = buildah(env, "run", name, "--", "python", "-c",
+                           "import torch, orchestrator; print(torch.__version__)")  # fmt: skip
+        assert versions.strip() == "2.13.0+cpu"  # the torch the torch stage installed, not re-resolved
+        assert _smoke(env, name, tmp_path)["steps"] == 3
 
-    summary = _smoke(env, cpu, tmp_path)
-    assert summary["steps"] == 3
 
-
-def test_cuda_dockerfile_keeps_the_base_torch(
-    buildah_env, torch_base, wheelhouse, built, tmp_path: Path
-) -> None:
-    env, base = (
-        buildah_env,
-        torch_base,
-    )  # base: Python + CPU torch + torchrun, standing in for pytorch/pytorch
-    pip = ["--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"PIP_FIND_LINKS={wheelhouse}"]
-    ref = _orch_build(env, "--image", "localhost/orch-trainer", "--build-arg", f"BASE_IMAGE={base}", *pip)
-    built.append(ref)
-    config = _config(env, ref)
+def test_cuda_dockerfile_keeps_the_base_torch(buildah_env, torch_base, trainer_image) -> None:
+    """The top-level Dockerfile on torch_base (Python + CPU torch + torchrun, standing in for pytorch/pytorch):
+    built by the trainer_image fixture, whose install script fails the build if pip moves the base's torch. That
+    the rendered command trains in it is proven by test_workspace_image.py, which trains in a workspace layer
+    on exactly this image (one container run instead of two; a vfs copy of the image each)."""
+    config = image_config(buildah_env, trainer_image)
     assert config["User"] == "10001" and config["WorkingDir"] == "/orch"
-    assert config["Labels"]["org.opencontainers.image.base.name"] == base
-    assert _smoke(env, ref, tmp_path)["steps"] == 3
+    assert config["Labels"]["org.opencontainers.image.base.name"] == torch_base

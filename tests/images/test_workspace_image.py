@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 from orchestrator import workspace
-from tests.images.conftest import buildah
-from tests.images.test_image import ORCH, _config, _free_port, _orch_build
+from tests.images.conftest import ORCH, buildah, container, free_port, image_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a cold cache builds the bases too
 
@@ -56,16 +55,12 @@ def layers(env: dict[str, str], ref: str) -> list[str]:
 
 
 def test_a_workspace_layer_holds_its_files_keeps_its_tag_and_trains_the_users_task(
-    buildah_env, torch_base, wheelhouse, tmp_path: Path, monkeypatch
+    buildah_env, trainer_image, tmp_path: Path, monkeypatch
 ) -> None:
-    env = buildah_env
+    env, trainer = buildah_env, trainer_image
     for key, value in env.items():  # build_layer runs buildah with this process's environment
         monkeypatch.setenv(key, value)
-    pip = ["--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"PIP_FIND_LINKS={wheelhouse}"]
-    trainer = _orch_build(
-        env, "--image", "localhost/orch-trainer", "--build-arg", f"BASE_IMAGE={torch_base}", *pip
-    )
-    refs = [trainer]
+    refs: list[str] = []
     try:
         root = user_project(tmp_path / "project", trainer)
         spec_file = root / "job.yaml"
@@ -74,16 +69,14 @@ def test_a_workspace_layer_holds_its_files_keeps_its_tag_and_trains_the_users_ta
         assert layer.built and layer.ref.startswith("localhost/orch-ws:workspace-")
         # One layer over the trainer image, holding exactly the workspace's files (no .git, venv, runs/).
         assert len(layers(env, layer.ref)) == len(layers(env, trainer)) + 1
-        container = buildah(env, "from", layer.ref).strip()
-        try:
-            shipped = buildah(env, "run", container, "--", "find", "/orch/workspace", "-type", "f").split()
-        finally:
-            buildah(env, "rm", container, check=False)
-        assert sorted(shipped) == [f"/orch/workspace/{f}" for f in ("job.yaml", "mytasks/__init__.py",
-                                                                     "mytasks/tiny.py")]  # fmt: skip
-        config = _config(env, layer.ref)
+        config = image_config(env, layer.ref)
         assert config["User"] == "10001" and config["WorkingDir"] == "/orch/workspace"
         assert "PYTHONPATH=/orch/workspace" in config["Env"]
+        with container(env, layer.ref) as name:  # one container (a vfs copy of the whole image) for both
+            shipped = buildah(env, "run", name, "--", "find", "/orch/workspace", "-type", "f").split()
+            assert sorted(shipped) == [f"/orch/workspace/{f}" for f in ("job.yaml", "mytasks/__init__.py",
+                                                                         "mytasks/tiny.py")]  # fmt: skip
+            assert _train(env, name, layer.ref, spec_file, tmp_path)["steps"] == 3
 
         # Same files: same tag, nothing built. One file changed: a new tag, built again.
         again = workspace.build_layer(root, trainer, "localhost/orch-ws", tool="buildah", push=False)
@@ -92,16 +85,15 @@ def test_a_workspace_layer_holds_its_files_keeps_its_tag_and_trains_the_users_ta
         changed = workspace.build_layer(root, trainer, "localhost/orch-ws", tool="buildah", push=False)
         refs.append(changed.ref)
         assert changed.built and changed.ref != layer.ref
-
-        assert _train(env, changed.ref, spec_file, tmp_path)["steps"] == 3
     finally:
         for ref in refs:
             buildah(env, "rmi", "--force", ref, check=False)
         buildah(env, "rmi", "--prune", check=False)
 
 
-def _train(env: dict[str, str], ref: str, spec_file: Path, tmp_path: Path) -> dict:
-    """The rendered PyTorchJob's command in a container of `ref`, as the operator starts it: summary.json."""
+def _train(env: dict[str, str], name: str, ref: str, spec_file: Path, tmp_path: Path) -> dict:
+    """The rendered PyTorchJob's command (the job's image set to `ref`) in container `name` of `ref`, as the
+    operator starts it: summary.json."""
     rendered = subprocess.run([ORCH, "render", str(spec_file), "--set", f"image={ref}"], capture_output=True,
                               text=True, timeout=60)  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
@@ -114,17 +106,13 @@ def _train(env: dict[str, str], ref: str, spec_file: Path, tmp_path: Path) -> di
     (pod,) = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
     (main,) = pod["containers"]
     assert main["image"] == ref
-    name = buildah(env, "from", ref).strip()
-    try:
-        buildah(env, "copy", "--chmod", "0644", name, str(tmp_path / "train.json"), "/etc/orch/train.json")
-        pod_env = {e["name"]: e["value"] for e in main.get("env", []) if "value" in e}
-        pod_env.update(PET_NNODES="1", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
-                       PET_MASTER_PORT=str(_free_port()), ORCH_METRICS_PORT="0")  # fmt: skip
-        env_args = [arg for key, value in pod_env.items() for arg in ("--env", f"{key}={value}")]
-        result = subprocess.run(["buildah", "run", *env_args, name, "--", *main["command"]], capture_output=True,
-                                text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
-        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-        assert "training mytasks.tiny:make_task for 3 steps" in result.stdout + result.stderr
-        return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
-    finally:
-        buildah(env, "rm", name, check=False)
+    buildah(env, "copy", "--chmod", "0644", name, str(tmp_path / "train.json"), "/etc/orch/train.json")
+    pod_env = {e["name"]: e["value"] for e in main.get("env", []) if "value" in e}
+    pod_env.update(PET_NNODES="1", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
+                   PET_MASTER_PORT=str(free_port()), ORCH_METRICS_PORT="0")  # fmt: skip
+    env_args = [arg for key, value in pod_env.items() for arg in ("--env", f"{key}={value}")]
+    result = subprocess.run(["buildah", "run", *env_args, name, "--", *main["command"]], capture_output=True,
+                            text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "training mytasks.tiny:make_task for 3 steps" in result.stdout + result.stderr
+    return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
