@@ -141,3 +141,31 @@ def test_a_shared_fixture_may_start_a_process_in_its_teardown(pytester: pytest.P
     passed, _, failed = result.listoutcomes()
     assert [r.nodeid.split("::")[-1] for r in passed] == ["test_build", "test_in_process"]
     assert failed == [], failed[0].longrepr  # no error at test_in_process's teardown
+
+
+@pytest.mark.launch  # xdist starts its workers as processes
+def test_loadgroup_sends_a_group_to_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grouping above only helps if xdist applies it: pytest 9 stopped reading the node id pytest-xdist 3.8
+    rewrites to carry the group, and `--dist loadgroup` then spread a group over every worker (pyproject pins
+    pytest<9). Six grouped tests on three workers must all report the same worker."""
+    pytester.makepyfile(
+        test_grouped=textwrap.dedent(
+            """
+            import os, pytest
+
+            @pytest.mark.xdist_group("shared")
+            @pytest.mark.parametrize("i", range(6))
+            def test_grouped(i):
+                with open(os.path.join(os.environ["GROUP_OUT"], f"worker-{i}"), "w") as out:
+                    out.write(os.environ["PYTEST_XDIST_WORKER"])
+            """
+        )
+    )
+    out = pytester.mkdir("out")
+    monkeypatch.setenv("GROUP_OUT", str(out))
+    result = pytester.runpytest_subprocess("-n", "3", "--dist", "loadgroup", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6)
+    workers = {p.read_text() for p in out.iterdir()}
+    assert len(workers) == 1, f"one xdist_group ran on workers {sorted(workers)}"
