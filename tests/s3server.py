@@ -22,11 +22,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import IN_CI
 from tests.tiers import starts_a_process
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only (3.10 is supported)
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = """
@@ -90,13 +94,12 @@ def s3_server(*, check_credentials: bool = False) -> Iterator[S3Server]:
         process.wait()
 
 
-class Throttling:
-    """A proxy to `upstream` that throttles every `every`-th request with 503 SlowDown."""
+class Proxy:
+    """A proxy to the S3 server at `upstream` that forwards every request as it came. A subclass decides first,
+    in `intercept`, whether to answer a request itself (it then returns True) or to hold it before forwarding."""
 
-    def __init__(self, upstream: str, every: int = 3) -> None:
+    def __init__(self, upstream: str) -> None:
         self.upstream = upstream.removeprefix("http://")
-        self.every, self.requests, self.throttled = every, 0, 0
-        lock = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,17 +108,7 @@ class Throttling:
 
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with lock:
-                    proxy.requests += 1
-                    throttle = proxy.requests % proxy.every == 0
-                    proxy.throttled += throttle
-                if throttle:
-                    error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(error)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(error)
+                if proxy.intercept(self):
                     return
                 connection = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
@@ -140,10 +133,36 @@ class Throttling:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> Throttling:
+    def intercept(self, request: BaseHTTPRequestHandler) -> bool:
+        return False
+
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Throttling(Proxy):
+    """A proxy that throttles every `every`-th request with 503 SlowDown."""
+
+    def __init__(self, upstream: str, every: int = 3) -> None:
+        super().__init__(upstream)
+        self.every, self.requests, self.throttled = every, 0, 0
+        self.lock = threading.Lock()
+
+    def intercept(self, request: BaseHTTPRequestHandler) -> bool:
+        with self.lock:
+            self.requests += 1
+            throttle = self.requests % self.every == 0
+            self.throttled += throttle
+        if throttle:
+            error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            request.send_response(503)
+            request.send_header("Content-Length", str(len(error)))
+            request.end_headers()
+            if request.command != "HEAD":
+                request.wfile.write(error)
+        return throttle

@@ -9,77 +9,44 @@ written last, digests of every file), and the rerun must resume from the stop's 
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import signal
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from orchestrator import storage
 from orchestrator.trainer import checkpoint
-from tests.s3server import s3_server
+from tests.s3server import Proxy, s3_server
 from tests.trainer.conftest import ORCH, REPO, write_job
 from tests.trainer.test_faults import stop_job
 
 pytestmark = pytest.mark.slow
 
 
-class HoldingProxy:
-    """A proxy to `upstream` that holds every upload of a `.distcp` file (a rank's shard of a DCP checkpoint)
-    until `release` is set; `held` is set when the first one arrives."""
+class HoldingProxy(Proxy):
+    """A proxy that holds every upload of a `.distcp` file (a rank's shard of a DCP checkpoint) until `release`
+    is set; `held` is set when the first one arrives."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.removeprefix("http://")
+        super().__init__(upstream)
         self.held, self.release = threading.Event(), threading.Event()
         self.held_paths: list[str] = []
-        proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _handle(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.command in ("PUT", "POST") and ".distcp" in self.path and not proxy.release.is_set():
-                    proxy.held_paths.append(self.path)
-                    proxy.held.set()
-                    proxy.release.wait(timeout=300)
-                connection = http.client.HTTPConnection(proxy.upstream, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                headers["Host"] = proxy.upstream
-                connection.request(self.command, self.path, body=body, headers=headers)
-                answer = connection.getresponse()
-                data = answer.read()
-                self.send_response(answer.status)
-                for key, value in answer.getheaders():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(key, value)
-                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                connection.close()
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> HoldingProxy:
-        self.thread.start()
-        return self
+    def intercept(self, request: BaseHTTPRequestHandler) -> bool:
+        if request.command in ("PUT", "POST") and ".distcp" in request.path and not self.release.is_set():
+            self.held_paths.append(request.path)
+            self.held.set()
+            self.release.wait(timeout=300)
+        return False
 
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__exit__(*exc)
 
 
 def test_ctrl_c_with_an_async_save_in_flight_leaves_complete_checkpoints_and_resumes(tmp_path, monkeypatch):
