@@ -112,7 +112,10 @@ def tiny_disk(tmp_path):
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
     yield mount
-    subprocess.run(["umount", str(mount)], check=False)
+    # --lazy: a file the test's process still holds open there (an FSDP writer thread, a failed save's handle)
+    # made a plain umount fail as busy and left the mount behind after the run; lazy detaches it now and frees
+    # it when the last handle closes.
+    subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 @pytest.fixture
