@@ -359,21 +359,24 @@ class MlflowTracker(NullTracker):
                 )
                 self._resume_id = None
             else:
-                client.update_run(run.info.run_id, status="RUNNING")
-                self.experiment_id, self.run_id, self._resumed = run.info.experiment_id, run.info.run_id, True
+                self._continue(run)
                 return
         experiment = client.get_experiment_by_name(self.experiment)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
         if self._find_by_key and experiment is not None:
             tagged = f"tags.`{TAG_RUN_KEY}` = '{self.run_key}'"
             for run in client.search_runs([experiment_id], filter_string=tagged, max_results=1):
-                client.update_run(run.info.run_id, status="RUNNING")
-                self.experiment_id, self.run_id, self._resumed = experiment_id, run.info.run_id, True
+                self._continue(run)
                 return
         run = client.create_run(
             experiment_id, run_name=self.run_name, tags={**self.tags, TAG_RUN_KEY: self.run_key}
         )
         self.experiment_id, self.run_id = experiment_id, run.info.run_id
+
+    def _continue(self, run: Any) -> None:
+        """Go on with an earlier attempt's run (found by its id or by the run key): RUNNING again."""
+        self._client.update_run(run.info.run_id, status="RUNNING")
+        self.experiment_id, self.run_id, self._resumed = run.info.experiment_id, run.info.run_id, True
 
     def _send(self) -> None:
         from mlflow.entities import Metric, Param
