@@ -80,7 +80,9 @@ def test_a_stalled_server_does_not_hold_the_first_checkpoint_past_the_collective
 ):
     """End to end: MLflow never answers, the end waits for it 15 s, and the collective timeout is 10 s. Rank
     0 used to wait (up to that end's deadline) inside the first checkpoint for the run to be created, while
-    rank 1 waited in the checkpoint's collectives: the job died of the collective timeout."""
+    rank 1 waited in the checkpoint's collectives: the job died of the collective timeout. (Also what
+    test_orch_run.py's "server that never answers" run checked, with an end wait shorter than the collective
+    timeout: this one is the stricter case, so that run was folded into it.)"""
     out = tmp_path / "run"
     run = orch_run(
         REPO / "examples" / "digits.yaml", out, "--steps", "10",
