@@ -112,17 +112,18 @@ class TensorBoardTracker(NullTracker):
         self._writing = 0  # values of the write in progress
 
     def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
+        # Imported here, not on the thread, for the reason _import_mlflow gives.
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
         self._thread = threading.Thread(
-            target=self._serve, args=(step,), name="orch-tensorboard", daemon=True
+            target=self._serve, args=(SummaryWriter, step), name="orch-tensorboard", daemon=True
         )
         self._thread.start()
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._inbox.put((step, dict(metrics)))
 
-    def _serve(self, resumed_at: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
-
+    def _serve(self, SummaryWriter: Any, resumed_at: int) -> None:  # noqa: N803 (the class)
         # purge_step: a resumed run first drops the steps after its checkpoint that the previous attempt
         # wrote (TensorBoard's reader honours it), so the curves do not fold back on themselves.
         purge = resumed_at + 1 if resumed_at else None
@@ -223,6 +224,7 @@ class MlflowTracker(NullTracker):
         self._find_by_key = self._resume_id is None and "mlflow_run_key" in saved
         for name, value in MLFLOW_HTTP_DEFAULTS.items():
             os.environ.setdefault(name, value)
+        _import_mlflow()
         self._thread = threading.Thread(target=self._serve, name="orch-mlflow", daemon=True)
         self._thread.start()
 
@@ -401,6 +403,22 @@ class MlflowTracker(NullTracker):
         if pending.status:
             client.set_terminated(run_id, status=pending.status)
             pending.status = None
+
+
+_MLFLOW_IMPORT = threading.Lock()
+
+
+def _import_mlflow() -> None:
+    """Imports MLflow's client here, on the caller's thread, before the tracker's thread starts.
+
+    mlflow's modules import each other in a cycle (through mlflow.protos.databricks_pb2): two threads importing
+    it at once, from two entry points (the tracker's thread and the user's code, or two trackers), fail with
+    "partially initialized module" or a _DeadlockError. Loaded whole first, the thread's imports find it done.
+    It costs no wall time the thread would have saved: the import holds the GIL either way."""
+    with _MLFLOW_IMPORT:
+        import mlflow.entities  # noqa: F401
+        import mlflow.exceptions  # noqa: F401
+        import mlflow.tracking  # noqa: F401
 
 
 class Trackers(NullTracker):

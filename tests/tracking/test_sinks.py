@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -221,6 +223,34 @@ def test_a_file_store_records_the_run(tmp_path):
 
     client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
     assert metric_history(client, tracker.run_id) == {"train/loss": [(4, 2.0)]}
+
+
+def test_user_code_importing_mlflow_while_the_tracker_starts(tmp_path):
+    """In a fresh interpreter, as in a trainer: the user's code imports mlflow on the main thread right after the
+    tracker started. mlflow's import cycle made two threads importing it from two entry points fail."""
+    script = f"""
+import sys
+from orchestrator.trainer import tracking
+trackers = [
+    tracking.MlflowTracker(tracking_uri="file:{tmp_path}/mlruns-" + str(i), experiment="x", run_name="r", tags={{}})
+    for i in range(2)
+]
+for tracker in trackers:
+    tracker.start()
+    tracker.log_metrics(1, {{"loss": 1.0}})
+import mlflow.entities
+print([tracker.close() for tracker in trackers], all(tracker.run_id for tracker in trackers))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[], []] True", result.stdout + result.stderr
+    assert "warning" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(
