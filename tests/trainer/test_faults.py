@@ -349,7 +349,11 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     wait_for(lambda: (out / "logs" / "rank-0.log").exists() and "training" in (out / "logs" / "rank-0.log").read_text(),
              timeout=180, what="the loop")  # fmt: skip
     process.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    # The second Ctrl-C once the first has reached both ranks (torch's agent logs each signal it forwards): sent
+    # any earlier, two SIGINTs can arrive as one.
+    launcher_log = out / "logs" / "launcher.log"
+    wait_for(lambda: launcher_log.read_text().count("closing signal SIGINT") == 2, timeout=60,
+             what="the launcher to forward the first Ctrl-C")  # fmt: skip
     process.send_signal(signal.SIGINT)
     started = time.monotonic()
     _, stderr = process.communicate(timeout=60)
