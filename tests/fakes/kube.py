@@ -222,12 +222,15 @@ class Kube:
         """The pod's training container started: it has a (so far empty) log."""
         self._on_loop(lambda: self.emulator.logs.setdefault((namespace, pod), [ContainerLog()]))
 
-    def write_log(self, namespace: str, pod: str, *lines: str, broken: bool = False) -> None:
-        """The container prints `lines`. `broken`: followed streams break off before sending them."""
+    def write_log(
+        self, namespace: str, pod: str, *lines: str, broken: bool = False, at: float | None = None
+    ) -> None:
+        """The container prints `lines` (at time.time() `at`, default now). `broken`: followed streams break off
+        before sending them."""
 
         def write():  # type: ignore[no-untyped-def]
             log = self.emulator.logs.setdefault((namespace, pod), [ContainerLog()])[-1]
-            log.lines.extend((time.time(), line) for line in lines)
+            log.lines.extend((time.time() if at is None else at, line) for line in lines)
             log.broken = broken
 
         self._on_loop(write)
