@@ -8,6 +8,8 @@ registry does for a user without rights (no registry can be reached from here).
 from __future__ import annotations
 
 import http.server
+import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -61,7 +63,12 @@ def test_a_refused_push_submits_nothing(env, tmp_path, context, buildah_env):  #
                           env={**buildah_env, "CONTAINERS_REGISTRIES_CONF": str(registries_conf)})  # fmt: skip
     finally:
         server.shutdown()
+    # The image was built before the push was refused: it is removed, the test's store keeps nothing of it.
+    built = f"{registry}/team/trainer:{images.context_tag(str(context))}"
+    removed = subprocess.run(["buildah", "rmi", built], capture_output=True, text=True,
+                             env={**os.environ, **buildah_env})  # fmt: skip
     assert result.exit_code == 1, result.stderr
+    assert removed.returncode == 0, removed.stderr  # the reference the build was tagged with
     assert "denied by the registry" in result.stderr.strip().splitlines()[-1]
     assert env.kube.requests("post") == []  # asked (before the build) but never sent the job
 
