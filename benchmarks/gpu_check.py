@@ -13,8 +13,8 @@ each means) runs orch's trainer as a user's pod does (`torchrun --nproc-per-node
               energy read, no "reading failed" warning in the log
   fsdp        bf16 with train.parallel: fsdp, once the trainer has it
 `--tiny` runs the same logic on CPU with a small model, skipping (and saying so) what needs CUDA, and compiles
-with the aot_eager backend (no code generation); a test runs it, so the device run cannot fail for a typo. Benchmark rows skip the final checkpoint and model.pt
-(ORCH_FINAL_SAVE=0): their time goes to the measurement.
+with the aot_eager backend (no code generation); a test runs it, so the device run cannot fail for a typo.
+Benchmark rows skip the final checkpoint and model.pt (ORCH_FINAL_SAVE=0): their time goes to the measurement.
 """
 
 from __future__ import annotations
