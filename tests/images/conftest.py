@@ -88,6 +88,16 @@ def container(env: dict[str, str], ref: str) -> Iterator[str]:
         buildah(env, "rm", name, check=False)
 
 
+def container_file(env: dict[str, str], name: str, path: str) -> str:
+    """A file of container `name`, read from its mounted root filesystem. Not `buildah run NAME -- cat PATH`: under
+    chroot isolation that once printed nothing and exited 0 for a complete summary.json (a CI run, 2026-12-02)."""
+    root = buildah(env, "mount", name).strip()
+    try:
+        return (Path(root) / path.lstrip("/")).read_text()
+    finally:
+        buildah(env, "umount", name, check=False)
+
+
 def orch_build(env: dict[str, str], *args: str) -> str:
     """`orch build` of the repository with buildah; the image reference it prints last."""
     result = subprocess.run([ORCH, "build", str(REPO_ROOT), "--tool", "buildah", *args], capture_output=True,

@@ -22,6 +22,7 @@ from tests.images.conftest import (
     REPO_ROOT,
     buildah,
     container,
+    container_file,
     free_port,
     image_config,
     orch_build,
@@ -66,7 +67,7 @@ def _smoke(env: dict[str, str], name: str, tmp_path: Path) -> dict:
         capture_output=True, text=True, env={**os.environ, **env}, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
+    return json.loads(container_file(env, name, "/orch/output/summary.json"))
 
 
 @pytest.fixture

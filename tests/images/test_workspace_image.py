@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from orchestrator import workspace
-from tests.images.conftest import ORCH, buildah, container, free_port, image_config
+from tests.images.conftest import ORCH, buildah, container, container_file, free_port, image_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a cold cache builds the bases too
 
@@ -115,4 +115,4 @@ def _train(env: dict[str, str], name: str, ref: str, spec_file: Path, tmp_path: 
                             text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "training mytasks.tiny:make_task for 3 steps" in result.stdout + result.stderr
-    return json.loads(buildah(env, "run", name, "--", "cat", "/orch/output/summary.json"))
+    return json.loads(container_file(env, name, "/orch/output/summary.json"))
