@@ -123,11 +123,11 @@ class TensorBoardTracker(NullTracker):
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._inbox.put((step, dict(metrics)))
 
-    def _serve(self, SummaryWriter: Any, resumed_at: int) -> None:  # noqa: N803 (the class)
+    def _serve(self, writer_class: Any, resumed_at: int) -> None:
         # purge_step: a resumed run first drops the steps after its checkpoint that the previous attempt
         # wrote (TensorBoard's reader honours it), so the curves do not fold back on themselves.
         purge = resumed_at + 1 if resumed_at else None
-        self._guard(lambda: setattr(self, "writer", SummaryWriter(str(self.log_dir), purge_step=purge)))
+        self._guard(lambda: setattr(self, "writer", writer_class(str(self.log_dir), purge_step=purge)))
         while (item := self._inbox.get()) is not None:
             step, metrics = item
 
