@@ -91,7 +91,7 @@ def validate(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = 
 def render(job: JobSpec, *, api: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
     """The objects `submit` would create, as plain dicts in apply order (`orch render`); no cluster is asked,
     so `api: auto` renders the first registered API. `name` renames the job (e.g. a sweep's trial)."""
-    from orchestrator import render as rendering
+    from orchestrator.rendering import render as rendering
 
     return rendering.render(job, api=api, name=name)
 
@@ -214,7 +214,7 @@ class Client:
         them without storing anything. `notice` hears progress (the API chosen, a build), `warn` what the
         cluster lacks (a PodMonitor CRD); what the job itself risks is in the result's `warnings`."""
         from orchestrator import apis, cluster
-        from orchestrator import render as rendering
+        from orchestrator.rendering import render as rendering
 
         wanted = api or job.api
         chosen = rendering.check(job, api=wanted)  # a bad job stops here: nothing is asked, built or sent

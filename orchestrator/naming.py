@@ -1,6 +1,6 @@
 """Names orch writes into Kubernetes objects and reads back: labels, container/port names, object names.
 
-Rendering (render.py) writes these; the cluster side (cluster/, status.py) selects and reads with the same
+Rendering (orchestrator/rendering/) writes these; the cluster side (cluster/, status.py) selects and reads with the same
 constants, so a rename happens in one place. What one job API alone names (its controller's labels, its
 container) lives in that API's module (orchestrator/apis/). Imports nothing.
 """

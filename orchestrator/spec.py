@@ -22,10 +22,11 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator import naming, pod_shape
+from orchestrator import naming
 from orchestrator.apis.registry import AUTO as API_AUTO
 from orchestrator.apis.registry import CHOICES as API_CHOICES
 from orchestrator.durations import parse_duration
+from orchestrator.rendering import pod_shape
 
 DEFAULT_METRICS_PORT = 9400  # metrics.port; `orch top --local` looks here
 DEFAULT_GPU_SAMPLE_SECONDS = 5.0

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming, tracking_record
+from orchestrator import naming
 from orchestrator.redaction import shown
+from orchestrator.rendering import tracking_record
 
 if TYPE_CHECKING:
     from orchestrator.apis.base import JobAPI

@@ -2,7 +2,7 @@
 
 Each module (`pytorchjob`: Kubeflow Training Operator v1; `trainjob`: Kubeflow Trainer v2) owns everything
 that differs between APIs: what it refuses in a spec, the objects it renders (through the one pod template,
-orchestrator/pod.py), its restart and scheduling translation, how its status and pods read, its constants.
+orchestrator/rendering/pod.py), its restart and scheduling translation, how its status and pods read, its constants.
 It exposes one `API` object implementing `base.JobAPI`. Adding an API is adding one module and one line to
 `registry.REGISTRY`; `api:`, `--api`, discovery and the docs tables come from it.
 

@@ -20,9 +20,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming, pod, scheduling, status, templates
+from orchestrator import naming, status
 from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
 from orchestrator.apis.registry import REGISTRY
+from orchestrator.rendering import pod, scheduling, templates
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 if TYPE_CHECKING:

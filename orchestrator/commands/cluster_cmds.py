@@ -161,7 +161,7 @@ def submit(
       orch submit job.yaml --api trainjob       # Kubeflow Trainer v2, whatever else is installed
     """
     from orchestrator import api as orch
-    from orchestrator import render
+    from orchestrator.rendering import render
 
     job = load_job(job_file, overrides, where="cluster")
     warn_missing_code(job, job_file)

@@ -191,7 +191,7 @@ def render(job_file: str, overrides: tuple[str, ...], api: str | None, output: s
       orch render job.yaml --api trainjob | kubectl apply -f -
     """
     from orchestrator import api as orch
-    from orchestrator import render as rendering
+    from orchestrator.rendering import render as rendering
 
     # --api as an override: what the chosen API cannot carry is reported at its line in the file.
     spec = load_job(job_file, (*overrides, f"api={api}") if api else overrides, where="cluster")

@@ -8,7 +8,8 @@ import re
 import pytest
 import yaml
 
-from orchestrator import loading, render
+from orchestrator import loading
+from orchestrator.rendering import render
 from tests.fakes.cli import FAST, Env, write_kubeconfig
 from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS, PODS, serve
 

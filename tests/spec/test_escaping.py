@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import render, templates
+from orchestrator.rendering import render, templates
 from orchestrator.spec import JobSpec
 
 SPECIALS = [

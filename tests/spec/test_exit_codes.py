@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch, naming, render
-from orchestrator.pod import LAUNCHER
+from orchestrator import launch, naming
+from orchestrator.rendering import render
+from orchestrator.rendering.pod import LAUNCHER
 from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import finish, kill_all, pod_command
 from tests.spec.test_torchrun_launch import free_port

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import loading, render
+from orchestrator import loading
+from orchestrator.rendering import render
 from tests.spec.conftest import EXAMPLES, load
 from tests.spec.manifest_checks import objects_errors
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import naming, render
+from orchestrator import naming
 from orchestrator.errors import SpecError
+from orchestrator.rendering import render
 from tests.spec.conftest import load
 
 MULTI = (

@@ -93,7 +93,7 @@ def test_render_from_the_installed_wheel(wheel, tmp_path):
         [
             sys.executable,
             "-c",
-            "import orchestrator.manifests as m, orchestrator.render as r; print(m.__file__, r.__file__)",
+            "import orchestrator.manifests as m, orchestrator.rendering.render as r; print(m.__file__, r.__file__)",
         ],
         capture_output=True,
         text=True,

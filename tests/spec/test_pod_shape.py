@@ -13,7 +13,7 @@ import typing
 
 import pytest
 
-from orchestrator import pod_shape
+from orchestrator.rendering import pod_shape
 
 # The client's models type Kubernetes' Quantity (int-or-string in the OpenAPI schema, so `nvidia.com/gpu: 1`
 # is valid) as a plain string; these are the Quantity fields under a pod spec.

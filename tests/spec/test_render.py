@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 
-from orchestrator import naming, render
+from orchestrator import naming
 from orchestrator.errors import SpecError
-from orchestrator.pod import LAUNCHER, merge_overrides
+from orchestrator.rendering import render
+from orchestrator.rendering.pod import LAUNCHER, merge_overrides
 from orchestrator.spec import TrainSpec
 from tests.spec.conftest import load
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import naming, render
+from orchestrator import naming
 from orchestrator.apis import trainjob
 from orchestrator.errors import SpecError
+from orchestrator.rendering import render
 from tests.fakes import volcano
 from tests.spec.conftest import load
 from tests.spec.manifest_checks import objects_errors

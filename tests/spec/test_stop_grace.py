@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import render
 from orchestrator.errors import SpecError
+from orchestrator.rendering import render
 from tests.spec.conftest import load
 from tests.spec.manifest_checks import objects_errors
 

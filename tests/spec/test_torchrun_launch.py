@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import render
+from orchestrator.rendering import render
 from orchestrator.spec import JobSpec
 
 # One os.write per process: with PYTHONUNBUFFERED (the operator sets it) print() writes its pieces separately and

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import naming, render
+from orchestrator import naming
 from orchestrator.apis import trainjob
+from orchestrator.rendering import render
 from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import kill_all
 from tests.spec.test_torchrun_launch import free_port

@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 
-from orchestrator import loading, render, runtime_env, status, tracking_record
+from orchestrator import loading, runtime_env, status
 from orchestrator.errors import SpecError
 from orchestrator.naming import ANNOTATION_TRACKING
+from orchestrator.rendering import render, tracking_record
 from tests.spec.manifest_checks import objects_errors
 
 BASE = """\

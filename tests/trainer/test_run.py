@@ -275,7 +275,8 @@ def test_the_rendered_pod_command_trains(tmp_path):
     """Run the container command of the rendered PyTorchJob, with the operator's pod env, on this machine."""
     import socket
 
-    from orchestrator import loading, render
+    from orchestrator import loading
+    from orchestrator.rendering import render
 
     objects = render.render(loading.load_job(str(REPO / "examples" / "digits.yaml")))
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")

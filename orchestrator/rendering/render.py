@@ -2,7 +2,7 @@
 
 `render(spec, api=...)` returns plain dicts in apply order: the ConfigMap (train jobs), the job API's objects
 (a PyTorchJob; or a TrainingRuntime + TrainJob: orchestrator/apis/<key>.py renders them, with the one pod
-template of orchestrator/pod.py), then the PodMonitor. It reads the packaged templates and nothing else; no
+template of orchestrator/rendering/pod.py), then the PodMonitor. It reads the packaged templates and nothing else; no
 cluster is asked. Every decision (names, labels, the torchrun command, env, volumes, defaults) is made in
 Python; the templates only place the values. `to_yaml` / `to_json` serialise the objects for the CLI.
 """
@@ -13,9 +13,10 @@ import functools
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import apis, naming, pod, runtime_env, scheduling, tracking_record
+from orchestrator import apis, naming, runtime_env
 from orchestrator.errors import SpecError
-from orchestrator.templates import render_template
+from orchestrator.rendering import pod, scheduling, tracking_record
+from orchestrator.rendering.templates import render_template
 
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
@@ -62,7 +63,7 @@ def check(spec: JobSpec, *, name: str | None = None, api: str | None = None) -> 
 
 
 def _context(spec: JobSpec, name: str, job_api: apis.JobAPI) -> dict[str, Any]:
-    """Every value the templates place, computed from the spec: the pod's (orchestrator/pod.py), the job
+    """Every value the templates place, computed from the spec: the pod's (rendering/pod.py), the job
     object's metadata, the ConfigMap's and the PodMonitor's. API modules add their own."""
     kind = job_api.resource.kind
     training_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)}
