@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import outputs
+
 RETRIES_EXHAUSTED = 3  # 1-127: the operator does not retry it, the job fails
 ENV_RETRY_LIMIT = "ORCH_RETRY_LIMIT"
 ENV_SUBMISSION = "ORCH_SUBMISSION"  # the pod's orch.dev/submission annotation (downward API); "" without one
-ENV_OUTPUT_DIR = "ORCH_OUTPUT_DIR"
-STARTS_DIR = ".orch-starts"
 SIGNAL_BASE = 128  # a shell's (and the kubelet's) exit code of a process killed by signal N is 128 + N
 
 
@@ -112,7 +112,7 @@ class StartCount:
 def count_start(output_dir: Path, submission: str, pod: str, limit: int) -> tuple[StartCount, str | None]:
     """Record this start of `pod`; with it, the reason not to train when the job's pods (summed) have been
     retried more than `limit` times, else None."""
-    starts_dir = output_dir / STARTS_DIR / (submission or "unsubmitted")
+    starts_dir = output_dir / outputs.STARTS / (submission or "unsubmitted")
     starts_dir.mkdir(parents=True, exist_ok=True)
     mine = StartCount(starts_dir / pod)
     starts, stops = mine.read()
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     count = None
     if limit := os.environ.get(ENV_RETRY_LIMIT):
         count, refused = count_start(
-            Path(os.environ.get(ENV_OUTPUT_DIR) or "."),
+            Path(os.environ.get(outputs.ENV) or "."),
             os.environ.get(ENV_SUBMISSION, ""),
             socket.gethostname(),
             int(limit),

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator import outputs
 from orchestrator.spec import (
     DEFAULT_GPU_SAMPLE_SECONDS,
     DEFAULT_METRICS_PORT,
@@ -38,7 +39,7 @@ __all__ = [
 DEFAULT_METRICS_ADDR = "0.0.0.0"  # Prometheus scrapes the pod's IP
 
 JOB_NAME = "ORCH_JOB_NAME"
-OUTPUT_DIR = "ORCH_OUTPUT_DIR"
+# ORCH_OUTPUT_DIR is outputs.ENV: the output directory's module names it (a pod's launch.py reads it too)
 OUTPUT_URL = "ORCH_OUTPUT_URL"  # an object store (output.url, `orch run --out s3://...`): what the run keeps
 METRICS_PORT = "ORCH_METRICS_PORT"  # unset or 0: no exporter
 METRICS_ADDR = "ORCH_METRICS_ADDR"
@@ -70,7 +71,6 @@ TRACKING_OVERRIDES = (
     ENV_MLFLOW_RUN_NAME,
     ENV_TENSORBOARD_DIR,
 )
-TENSORBOARD_SUBDIR = "tensorboard"
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class TrackingSettings:
         tracking = spec.tracking
         mlflow = tracking.mlflow
         return cls(
-            tensorboard_dir=TENSORBOARD_SUBDIR if tracking.tensorboard else None,  # under the output dir
+            tensorboard_dir=outputs.TENSORBOARD if tracking.tensorboard else None,  # under the output dir
             mlflow=mlflow is not None,
             mlflow_tracking_uri=mlflow.tracking_uri if mlflow else None,
             mlflow_experiment=(mlflow.experiment or name) if mlflow else None,
@@ -214,7 +214,7 @@ class RuntimeEnv:
         which pods always show, so `kubectl describe` says whether metrics are on)."""
         env = {
             JOB_NAME: self.job_name,
-            OUTPUT_DIR: self.output_dir,
+            outputs.ENV: self.output_dir,
             METRICS_PORT: str(self.metrics_port),
             GPU_SAMPLE_SECONDS: str(self.gpu_sample_seconds),
         }
@@ -241,7 +241,7 @@ class RuntimeEnv:
         env = os.environ if environ is None else environ
         return cls(
             job_name=env.get(JOB_NAME) or "local",
-            output_dir=env.get(OUTPUT_DIR) or ".",
+            output_dir=env.get(outputs.ENV) or ".",
             output_url=env.get(OUTPUT_URL) or None,
             metrics_port=int(_number(env, METRICS_PORT, minimum=0) or 0),
             metrics_addr=env.get(METRICS_ADDR) or DEFAULT_METRICS_ADDR,

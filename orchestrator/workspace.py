@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import outputs
+
 if TYPE_CHECKING:
     from orchestrator.spec import JobSpec
 
@@ -172,7 +174,7 @@ def files(folder: Path) -> list[str]:
 def _skipped_folders(folder: Path) -> list[str]:
     skipped = []
     for directory, subdirs, names in os.walk(folder):
-        if "pyvenv.cfg" in names or "run.json" in names or "run.lock" in names:
+        if "pyvenv.cfg" in names or any(marker in names for marker in outputs.LOCAL_RUN_MARKERS):
             skipped.append(os.path.relpath(directory, folder).replace(os.sep, "/"))
             subdirs[:] = []
         else:  # nothing below an always-excluded folder goes in: do not walk it

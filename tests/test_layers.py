@@ -1,5 +1,5 @@
-"""The package's layers (docs/decisions.md, "What lives where"): no import circles, and the trainer below
-nothing but its launchers.
+"""The package's layers (docs/decisions.md, "What lives where"): no import circles, and nothing outside the
+trainer imports it (its launchers start it as a process and meet it in the output directory, outputs.py).
 
 Every import counts, wherever it is written (module level, inside a function, under TYPE_CHECKING): a lazy
 import is still a dependency, only a cheaper one. An import names the module it reaches (`from orchestrator
@@ -14,13 +14,11 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
-# Packages that may import orchestrator.trainer: the trainer itself, and `orch run`'s launcher (in local/,
-# console.py for the progress bar's and the tracking links' formats, index.py for pid_alive).
-TRAINER_USERS = ("orchestrator.trainer", "orchestrator.local")
+TRAINER = ("orchestrator.trainer",)
 
 
 def within(name: str, packages: tuple[str, ...]) -> bool:
-    """`name` is one of `packages` or inside one (orchestrator.local_worker is not inside orchestrator.local)."""
+    """`name` is one of `packages` or inside one (orchestrator.trainers is not in orchestrator.trainer)."""
     return any(name == package or name.startswith(package + ".") for package in packages)
 
 
@@ -84,11 +82,13 @@ def test_no_import_circles():
     assert cycles(GRAPH) == []
 
 
-def test_only_the_trainer_and_its_local_launcher_import_the_trainer():
+def test_nothing_outside_the_trainer_imports_it():
+    """`orch run` (local/) and a pod's launch.py start the trainer as a process; what they read back of it
+    (summary.json, the links, the progress events' formats) is outputs.py's."""
     importers = {
         name
         for name, targets in GRAPH.items()
-        if not within(name, TRAINER_USERS) and any(within(t, ("orchestrator.trainer",)) for t in targets)
+        if not within(name, TRAINER) and any(within(t, TRAINER) for t in targets)
     }
     assert importers == set()
 

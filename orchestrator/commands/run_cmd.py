@@ -52,8 +52,7 @@ def run(
       orch run examples/gpt.yaml --procs 1 --steps 20 --out runs/gpt-smoke
       orch run job.yaml --set train.precision=bf16 --set train.optimizer.lr=1e-3
     """
-    from orchestrator import api, local
-    from orchestrator.runtime_env import TENSORBOARD_SUBDIR
+    from orchestrator import api, local, outputs
 
     spec = load_job(job_file, overrides, where="local")
     resume_with: list[str | None] = []  # the --out a rerun needs, once the output dir is claimed
@@ -70,7 +69,7 @@ def run(
         kept = f" (checkpoints, model, summary: {plan.output_url}/)" if plan.output_url else ""
         click.echo(f"orch run {spec.name}: {what} -> {claimed_dir}/{kept}")
         if spec.tracking.tensorboard:
-            click.echo(f"tensorboard --logdir {claimed_dir / TENSORBOARD_SUBDIR}")
+            click.echo(f"tensorboard --logdir {claimed_dir / outputs.TENSORBOARD}")
 
     try:
         result = api.run_local(spec, procs=procs, steps=steps, output_dir=output_dir,

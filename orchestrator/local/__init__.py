@@ -18,7 +18,7 @@ from orchestrator.local.console import progress_text, tracking_links
 from orchestrator.local.index import live_runs, metrics_url_of, runs_index
 from orchestrator.local.output_dir import OutputDirBusy, claim
 from orchestrator.local.plan import LocalPlan, check_devices, check_store, plan, restart_budget
-from orchestrator.local.processes import RunFailed, RunInterrupted, read_summary, run
+from orchestrator.local.processes import RunFailed, RunInterrupted, run
 
 __all__ = [
     "LocalPlan",
@@ -32,7 +32,6 @@ __all__ = [
     "metrics_url_of",
     "plan",
     "progress_text",
-    "read_summary",
     "restart_budget",
     "run",
     "runs_index",

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from orchestrator import outputs
 from orchestrator.local.plan import LocalPlan
 
 
@@ -33,12 +34,13 @@ def RunLogs(log_dir: Path) -> Any:  # noqa: N802 (a class made on first use)
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
             attempt = next(iter(envs.values()), {}).get("TORCHELASTIC_RESTART_COUNT", "0")
-            errors = log_dir / "errors" / f"attempt-{attempt}"
+            errors = outputs.attempt_errors(log_dir, attempt)
             shutil.rmtree(errors, ignore_errors=True)
             errors.mkdir(parents=True)
             files = {}
             for local_rank, worker_env in envs.items():
-                files[local_rank] = str(errors / f"rank-{worker_env.get('RANK', local_rank)}.json")
+                rank = worker_env.get("RANK", local_rank)
+                files[local_rank] = str(outputs.error_file(log_dir, attempt, rank))
                 worker_env["TORCHELASTIC_ERROR_FILE"] = files[local_rank]
             empty = dict.fromkeys(envs, "")  # "": the launcher's own stdout/stderr
             return LogsDest(stdouts=empty, stderrs=dict(empty), error_files=files)
@@ -173,23 +175,22 @@ def _size(path: Path | None) -> int:
 
 def progress_text(event: dict[str, Any]) -> str:
     """One event as terminal text: the bar redraws itself in place (carriage return)."""
-    from orchestrator.trainer.report import format_duration, format_value
-
     if event["event"] == "step":
         width, done = 30, event["step"] / event["max_steps"]
         bar = "#" * int(width * done) + "-" * (width - int(width * done))
+        eta = outputs.format_duration(event["eta_seconds"])
         return (
             f"\r[{bar}] step {event['step']}/{event['max_steps']}  loss {event['loss']:.4f}  "
-            f"{event['samples_per_second']:,.0f} samples/s  ETA {format_duration(event['eta_seconds'])} "
+            f"{event['samples_per_second']:,.0f} samples/s  ETA {eta} "
         )
     if event["event"] == "eval":
-        values = "  ".join(f"{k} {format_value(v)}" for k, v in event.items() if k not in ("event", "step"))
+        values = "  ".join(
+            f"{k} {outputs.format_value(v)}" for k, v in event.items() if k not in ("event", "step")
+        )
         return f"\r\x1b[2Keval at step {event['step']}: {values}\n"
     return ""
 
 
 def tracking_links(output_dir: Path) -> dict[str, str]:
     """Where the trainer recorded the run (its tracking.json in the output dir), for `orch run`'s last line."""
-    from orchestrator.trainer.tracking import read_links
-
-    return read_links(output_dir)
+    return outputs.read_links(output_dir)

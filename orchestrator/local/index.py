@@ -10,10 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import runtime_env
-from orchestrator.local.output_dir import RUN_FILE, read_json
+from orchestrator import outputs, runtime_env
 from orchestrator.local.plan import LocalPlan
-from orchestrator.trainer.metrics import pid_alive
 
 
 def runs_index() -> Path:
@@ -33,7 +31,7 @@ def register(local: LocalPlan, metrics_endpoint_file: Path | None) -> Path:
         "procs": local.world_size,
         "metrics_endpoint_file": str(metrics_endpoint_file) if metrics_endpoint_file else None,
     }
-    (local.output_dir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    outputs.write_json(local.output_dir / outputs.RUN_RECORD, record)
     index = runs_index()
     entry = index / f"{record['job']}-{os.getpid()}.json"
     try:
@@ -48,10 +46,10 @@ def live_runs(job: str) -> list[dict[str, Any]]:
     """The local runs of `job` that are still running, newest first (stale entries are removed)."""
     found = []
     for entry in runs_index().glob(f"{job}-*.json"):
-        record = read_json(entry)
+        record = outputs.read_json(entry)
         if record.get("job") != job:
             continue
-        if not pid_alive(int(record.get("pid") or 0)):
+        if not outputs.pid_alive(int(record.get("pid") or 0)):
             entry.unlink(missing_ok=True)
             continue
         found.append(record)
@@ -61,6 +59,8 @@ def live_runs(job: str) -> list[dict[str, Any]]:
 def metrics_url_of(job: str) -> str | None:
     """The exporter URL of the newest live local run of `job` that serves metrics (rank 0 listens)."""
     served = (
-        read_json(Path(r["metrics_endpoint_file"])) for r in live_runs(job) if r.get("metrics_endpoint_file")
+        outputs.read_json(Path(r["metrics_endpoint_file"]))
+        for r in live_runs(job)
+        if r.get("metrics_endpoint_file")
     )
     return next((s["url"] for s in served if isinstance(s.get("url"), str)), None)

@@ -5,18 +5,13 @@ released by the kernel when the run ends however it ends); default directories a
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from orchestrator import runtime_env
+from orchestrator import outputs
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.local.plan import LocalPlan
-
-LOCK_FILE = "run.lock"
-RUN_FILE = "run.json"
 
 
 class OutputDirBusy(OrchError):
@@ -36,14 +31,14 @@ def claim(local: LocalPlan) -> Iterator[LocalPlan]:
 
     directory = _create_output_dir(local.output_dir, unique=local.unique_output_dir)
     try:
-        lock = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 (held until the run ends)
+        lock = open(directory / outputs.RUN_LOCK, "a+")  # noqa: SIM115 (held until the run ends)
     except OSError as error:
         raise UsageError(f"--out {directory}: cannot write in it: {error.strerror}") from None
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = read_json(directory / RUN_FILE).get("pid")
+            holder = outputs.read_run_record(directory).get("pid")
             raise OutputDirBusy(
                 f"{directory}/ is in use by another orch run"
                 + (f" (pid {holder})" if holder else "")
@@ -53,7 +48,7 @@ def claim(local: LocalPlan) -> Iterator[LocalPlan]:
             local = dataclasses.replace(
                 local,
                 output_dir=directory,
-                env={**local.env, runtime_env.OUTPUT_DIR: str(directory.resolve())},
+                env={**local.env, outputs.ENV: str(directory.resolve())},
             )
         yield local
     finally:
@@ -76,11 +71,3 @@ def _create_output_dir(directory: Path, *, unique: bool) -> Path:
             raise UsageError(f"--out {candidate}: exists and is not a directory") from None
         except OSError as error:
             raise UsageError(f"--out {candidate}: cannot create it: {error.strerror}") from None
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

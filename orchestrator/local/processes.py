@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator import runtime_env
+from orchestrator import outputs, runtime_env
 from orchestrator.errors import OrchError
 from orchestrator.local.console import RunLogs, launcher_log, live_console
 from orchestrator.local.index import register
@@ -55,8 +55,6 @@ class RunInterrupted(OrchError):
 # A local run serves metrics on the loopback interface only, unless ORCH_METRICS_ADDR says otherwise.
 LOCAL_METRICS_ADDR = "127.0.0.1"
 
-LOG_DIR = "logs"
-
 
 def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) -> dict[str, Any] | None:
     """Start the processes and wait (inside `claim`). Returns summary.json (train jobs) or None; raises
@@ -65,7 +63,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    log_dir = local.output_dir / LOG_DIR
+    log_dir = local.output_dir / outputs.LOGS
     log_dir.mkdir(exist_ok=True)
     # A previous run in this directory (resuming) keeps its lines: logs and progress.jsonl grow by one
     # header per run (and per restart) and the console shows only what this run adds.
@@ -82,10 +80,10 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     # the log keeps every line; the console drops the ones the progress bar shows
     env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:
-        config_file = local.output_dir / "train.json"
+        config_file = local.output_dir / outputs.TRAIN_CONFIG
         config_file.write_text(runtime_env.train_json(local.train), encoding="utf-8")
         entrypoint, args = sys.executable, ["-m", TRAINER_MODULE, "--config", str(config_file.resolve())]
-        progress_file = local.output_dir / "progress.jsonl"
+        progress_file = local.output_dir / outputs.PROGRESS
         with open(progress_file, "a") as events:
             events.write(json.dumps({"event": "run", "started": started, "pid": os.getpid()}) + "\n")
         env[runtime_env.PROGRESS_FILE] = str(progress_file.resolve())
@@ -113,8 +111,10 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     try:
         with (
             environment(env),
-            launcher_log(log_dir / "launcher.log"),
-            live_console(log_dir / "rank-0.log", progress_file if progress_bar else None, stream, local),
+            launcher_log(log_dir / outputs.LAUNCHER_LOG),
+            live_console(
+                outputs.rank_log(log_dir, 0), progress_file if progress_bar else None, stream, local
+            ),
         ):
             try:
                 elastic_launch(config, entrypoint)(*args)
@@ -136,27 +136,24 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         with contextlib.suppress(OSError):  # the index folders go with the last live run
             record.parent.rmdir()
             record.parent.parent.rmdir()
-        shutil.rmtree(local.output_dir / METRICS_DB_DIR, ignore_errors=True)
+        shutil.rmtree(local.output_dir / outputs.METRICS_FILES, ignore_errors=True)
         if endpoint_file is not None:
             endpoint_file.unlink(missing_ok=True)
-    return read_summary(local.output_dir / "summary.json", log_dir) if local.train is not None else None
+    return _summary(local.output_dir, log_dir) if local.train is not None else None
 
 
-def read_summary(summary_file: Path, log_dir: Path) -> dict[str, Any]:
-    """summary.json as the trainer left it, read defensively: every rank exited 0, yet the file may be
-    missing (a task that called sys.exit(0)), unreadable or of another shape; each is one line, not a
-    traceback."""
+def _summary(output_dir: Path, log_dir: Path) -> dict[str, Any]:
+    """summary.json, once every rank exited 0: the file may yet be missing (a task that called
+    sys.exit(0)), unreadable or of another shape; each is one line, not a traceback."""
     try:
-        summary = json.loads(summary_file.read_text())
-    except FileNotFoundError:
+        summary = outputs.read_summary(output_dir)
+    except outputs.UnreadableSummary as error:
+        raise RunFailed(str(error)) from None
+    if summary is None:
         raise RunFailed(
-            f"every process exited 0 but the trainer wrote no {summary_file.name}: the run did not finish "
+            f"every process exited 0 but the trainer wrote no {outputs.SUMMARY}: the run did not finish "
             f"(does the task call sys.exit()?); their output: {log_dir}/"
-        ) from None
-    except (OSError, ValueError) as error:
-        raise RunFailed(f"cannot read {summary_file}: {error}") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int):
-        raise RunFailed(f"{summary_file} is not a summary of a run (no step count)")
+        )
     return summary
 
 
@@ -187,8 +184,6 @@ def _stopped_at(progress_file: Path) -> int | None:
 
 
 WORKER_MODULE = "orchestrator.local_worker"
-METRICS_DB_DIR = ".metrics"  # prometheus-client's multiprocess files, removed when the run ends
-METRICS_ENDPOINT_FILE = "metrics-endpoint.json"  # where rank 0 serves, once it listens; removed at the end
 
 
 def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
@@ -210,7 +205,8 @@ def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
     restarts = (
         f" after {local.max_restarts} restart{'s' * (local.max_restarts != 1)}" if local.max_restarts else ""
     )
-    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log_dir}/rank-{rank}.log"
+    log = outputs.rank_log(log_dir, rank)
+    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log}"
 
 
 def _first_failure(error: Any) -> tuple[int, Any]:
@@ -265,8 +261,8 @@ def _metrics_endpoint(env: dict[str, str], output_dir: Path) -> Path | None:
         return None
     env.setdefault(runtime_env.METRICS_ADDR, LOCAL_METRICS_ADDR)
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # the ranks' series files, inside the run
-        env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / METRICS_DB_DIR).resolve())
-    endpoint_file = (output_dir / METRICS_ENDPOINT_FILE).resolve()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str((output_dir / outputs.METRICS_FILES).resolve())
+    endpoint_file = (output_dir / outputs.METRICS_ENDPOINT).resolve()
     endpoint_file.unlink(missing_ok=True)  # an earlier run's, in a directory resumed
     env[runtime_env.METRICS_ENDPOINT_FILE] = str(endpoint_file)
     return endpoint_file

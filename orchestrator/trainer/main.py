@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from orchestrator import runtime_env
+from orchestrator import outputs, runtime_env
 
 if TYPE_CHECKING:
     import torch
@@ -464,20 +464,20 @@ def write_results(
 ) -> None:
     """Rank 0: model.pt and summary.json in the output directory (and the store), the tracker's artifacts."""
     from orchestrator import storage
-    from orchestrator.trainer import checkpoint, report
+    from orchestrator.trainer import checkpoint
 
     output_dir, tracking_env = trainer.output_dir, trainer.runtime.tracking
     output_dir.mkdir(parents=True, exist_ok=True)
     if final_model is not None:
-        checkpoint.write_atomic(output_dir / "model.pt", final_model)
-    report.write_json(output_dir / "summary.json", summary)
+        checkpoint.write_atomic(output_dir / outputs.MODEL, final_model)
+    outputs.write_json(output_dir / outputs.SUMMARY, summary)
     if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
         tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
-        for name in ["model.pt", "summary.json", *tensorboard]:
+        for name in [outputs.MODEL, outputs.SUMMARY, *tensorboard]:
             storage.upload(output_dir / name, trainer.kept / name)
-    model_file = [output_dir / "model.pt"] if tracking_env.mlflow_log_model else []
-    trainer.tracker.log_artifacts([output_dir / "summary.json", *model_file])
-    trainer.reporter.done(summary, summary_file=output_dir / "summary.json")
+    model_file = [output_dir / outputs.MODEL] if tracking_env.mlflow_log_model else []
+    trainer.tracker.log_artifacts([output_dir / outputs.SUMMARY, *model_file])
+    trainer.reporter.done(summary, summary_file=output_dir / outputs.SUMMARY)
 
 
 def signal_name(number: int) -> str:
@@ -520,7 +520,7 @@ def checkpoint_dir(output_dir: Any, configured: str | None) -> Any:
     from orchestrator import storage
 
     if configured is None:
-        return output_dir / "checkpoints"
+        return output_dir / outputs.CHECKPOINTS
     if storage.is_url(configured):
         return storage.location(configured)
     return output_dir / configured  # an absolute `configured` replaces output_dir (pathlib's `/`)

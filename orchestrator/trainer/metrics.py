@@ -16,7 +16,6 @@ The exporter must never take training down: a port in use or any exporter error 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -27,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator import outputs
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -128,19 +129,6 @@ def default_multiproc_dir(job: str, port: int) -> Path:
     return Path(tempfile.gettempdir()) / f"orch-metrics-{job}-{port}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process `pid` runs on this machine (0 or less: no process; a pid file's "unknown")."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def prune_dead_files(directory: Path, *, also_pid: int | None = None) -> list[str]:
     """Delete the metric files of processes that are gone (and of `also_pid`: our own stale files at start)."""
     removed = []
@@ -149,7 +137,7 @@ def prune_dead_files(directory: Path, *, also_pid: int | None = None) -> list[st
         if match is None:
             continue
         pid = int(match.group(1))
-        if pid == also_pid or not pid_alive(pid):
+        if pid == also_pid or not outputs.pid_alive(pid):
             try:
                 path.unlink()
                 removed.append(path.name)
@@ -562,9 +550,7 @@ def announce(endpoint: Endpoint, port: int) -> None:
     url = f"http://{host}:{port}/metrics"
     assert endpoint.announce is not None
     try:
-        written = endpoint.announce.with_name(f".{endpoint.announce.name}.{os.getpid()}")
-        written.write_text(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
-        written.replace(endpoint.announce)
+        outputs.write_json(endpoint.announce, {"url": url, "pid": os.getpid()})
     except OSError as error:
         log.warning(
             "cannot write %s (%s): orch top --local will not find the endpoint", endpoint.announce, error

@@ -3,7 +3,8 @@
 `Progress` keeps the loop's counters; each optimizer step becomes one `StepStats`, which both the `Reporter`
 (log lines and `orch run`'s progress events, rank 0 only) and the metrics exporter (every rank) take. Every
 other rank gets a Reporter that says nothing, so the loop never asks who it is before logging.
-torch is imported inside `Progress`: `orch run` imports `format_duration` from here without torch.
+torch is imported inside `Progress`. How a number reads (`format_duration`, `format_value`) is written in
+orchestrator/outputs.py: `orch run`'s progress bar shows the same.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.outputs import format_duration, format_value
 
 if TYPE_CHECKING:
     import torch
@@ -23,11 +25,6 @@ if TYPE_CHECKING:
     from orchestrator.trainer.data import Layout
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.step import StepResult
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @dataclass(frozen=True)
@@ -235,18 +232,6 @@ class Reporter:
         if self.events:
             self.events.close()
             self.events = None
-
-
-def format_value(value: Any) -> str:
-    """A number as the log lines show them (4 decimals); anything else a task returns, as text."""
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Written to a temporary name and renamed, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _fmt(value: float | None) -> str:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import outputs
 from orchestrator.redaction import redact, redact_url
 from orchestrator.runtime_env import PIP_LINE, TrackingSettings, missing_requirements
 
@@ -62,9 +63,6 @@ MLFLOW_HTTP_DEFAULTS = {
 DEFAULT_RETRY_SECONDS = 30.0
 DEFAULT_CLOSE_SECONDS = 120.0
 CLOSE_SECONDS_ENV = "ORCH_TRACKING_CLOSE_SECONDS"  # how long the end of a run waits for MLflow
-LINKS_FILE = "tracking.json"  # in the output dir: the run's links, for `orch run`'s last line
-
-
 # --- sinks ------------------------------------------------------------------------------------------------
 
 
@@ -554,9 +552,9 @@ def finish(tracker: NullTracker, output_dir: Path, *, failed: bool) -> None:
         print(f"tracking: {redact(line)}", file=sys.stderr, flush=True)
     if links := tracker.links():
         try:
-            write_links(output_dir, links)
+            outputs.write_json(output_dir / outputs.LINKS, dict(links))
         except OSError as error:
-            warn(f"cannot write {output_dir / LINKS_FILE}: {error}")
+            warn(f"cannot write {output_dir / outputs.LINKS}: {error}")
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
@@ -584,20 +582,6 @@ def run_url(tracking_uri: str, experiment_id: str | None, run_id: str) -> str:
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return f"run {run_id} at {tracking_uri}"
-
-
-def write_links(output_dir: Path, links: Mapping[str, str]) -> None:
-    """tracking.json in the output dir: how `orch run` learns the links of the run it started."""
-    from orchestrator.trainer.report import write_json
-
-    write_json(output_dir / LINKS_FILE, dict(links))
-
-
-def read_links(output_dir: Path) -> dict[str, str]:
-    try:
-        return json.loads((output_dir / LINKS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _default_uri() -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch, naming
+from orchestrator import launch, naming, outputs
 from orchestrator.rendering import render
 from orchestrator.rendering.pod import LAUNCHER
 from orchestrator.spec import JobSpec
@@ -110,7 +110,7 @@ def test_sigterm_to_the_pod_ends_the_container_retryable(tmp_path):
         (output,) = finish([main], out, timeout=120)
     assert main.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "stopped by SIGTERM; exit code 143 (retryable)" in output
-    (count,) = (out / launch.STARTS_DIR / "unsubmitted").iterdir()
+    (count,) = (out / outputs.STARTS / "unsubmitted").iterdir()
     assert count.read_text() == "1 1\n"  # one start, ended by the pod's SIGTERM
 
 

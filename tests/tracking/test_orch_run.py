@@ -16,6 +16,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator import outputs
 from orchestrator.images import git_revision
 from orchestrator.trainer import tracking
 from tests.tracking.conftest import metric_history, running, tensorboard_scalars
@@ -75,7 +76,7 @@ def demo_and_resume(_session_mlflow_server, tmp_path_factory) -> DemoAndResume:
     first = run_digits(out, 50, *sets)
     first_steps, first_train = events(out, "step"), json.loads((out / "train.json").read_text())
     first_eval = first.summary["eval"]  # read now: the second run rewrites summary.json
-    first_links = json.loads((out / tracking.LINKS_FILE).read_text())
+    first_links = json.loads((out / outputs.LINKS).read_text())
     second = run_digits(out, 100, *sets)  # the same --out: resumes from step 50
     second_steps = events(out, "step")[len(first_steps) :]  # progress.jsonl keeps every run's (appended)
     return DemoAndResume(out, first, first_steps, first_train, first_eval, first_links, second, second_steps)
@@ -99,7 +100,7 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(demo_and_resume, mlfl
         links["mlflow"]
         == f"{mlflow_server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     )
-    assert json.loads((out / tracking.LINKS_FILE).read_text()) == links
+    assert json.loads((out / outputs.LINKS).read_text()) == links
     assert (run.info.status, run.info.run_name) == ("FINISHED", "digits-ddp")
     # params: the train section the first attempt ran with (params are immutable), and where it ran
     assert run.data.params == {

@@ -1,0 +1,146 @@
+"""The output directory of a run (OUT, `ORCH_OUTPUT_DIR`): every file and folder kept there, named once, and
+the readers of the small files.
+
+OUT is where a run's processes meet: `orch run --out` (default runs/NAME-STAMP/) or, in a pod, /orch/output
+(naming.OUTPUT_DIR). The launchers (orchestrator/local/, orchestrator/launch.py) and the trainer write there
+and read back what the others wrote, so each name is written here and nowhere else; a new file is one line
+in the table below, with who writes it, and its writer and reader use the name.
+
+    OUT/
+      train.json              orch run: the trainer's --config (pods read theirs from the ConfigMap)
+      run.json, run.lock      orch run: who runs here (pid, job, start), and the flock held while it runs
+      progress.jsonl          orch run: rank 0's events (the progress bar), appended across runs
+      metrics-endpoint.json   orch run: where local rank 0 serves metrics, once it listens; removed at the end
+      .metrics/               orch run: the ranks' prometheus-client files; removed at the end
+      logs/                   orch run: rank-N.log (a rank's output), launcher.log (torch's agent), errors/
+      checkpoints/            the trainer: one step-NNNNNNNN/ each (train.checkpoint.dir moves them)
+      summary.json            the trainer (rank 0), last: what the run did; `orch run` reads it
+      model.pt                the trainer (rank 0): the final weights, a plain state dict
+      tracking.json           the trainer (rank 0): the run's MLflow/TensorBoard links, for `orch run`
+      tensorboard/            the trainer (rank 0): TensorBoard's event files (tracking.tensorboard)
+      .orch-starts/           a pod's launcher: how often each pod started (restart.policy: exit-code)
+
+Stdlib only, and light: the launchers import it before anything else (a rank's shim, a pod's PID 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import OrchError
+
+ENV = "ORCH_OUTPUT_DIR"  # where the launcher tells the trainer OUT is (runtime_env.RuntimeEnv.output_dir)
+
+TRAIN_CONFIG = "train.json"
+RUN_RECORD = "run.json"
+RUN_LOCK = "run.lock"
+PROGRESS = "progress.jsonl"
+METRICS_ENDPOINT = "metrics-endpoint.json"
+METRICS_FILES = ".metrics"
+LOGS = "logs"
+LAUNCHER_LOG = "launcher.log"  # in LOGS
+ERRORS = "errors"  # in LOGS: torch's error file of each rank, per attempt (attempt-K/rank-N.json)
+CHECKPOINTS = "checkpoints"
+SUMMARY = "summary.json"
+MODEL = "model.pt"
+LINKS = "tracking.json"
+TENSORBOARD = "tensorboard"
+STARTS = ".orch-starts"
+
+# What `orch run` leaves in OUT: a folder holding one of these is a run's output, not the user's code.
+LOCAL_RUN_MARKERS = (RUN_RECORD, RUN_LOCK)
+
+
+def rank_log(log_dir: Path | str, rank: int | str) -> Path:
+    """One rank's output (stdout and stderr, every attempt appended): LOGS/rank-N.log."""
+    return Path(log_dir) / f"rank-{rank}.log"
+
+
+def attempt_errors(log_dir: Path, attempt: int | str) -> Path:
+    """The error files of one attempt of the ranks (torch's restart count): LOGS/errors/attempt-K/."""
+    return log_dir / ERRORS / f"attempt-{attempt}"
+
+
+def error_file(log_dir: Path, attempt: int | str, rank: int | str) -> Path:
+    """Where torch's @record writes a failed rank's exception: LOGS/errors/attempt-K/rank-N.json."""
+    return attempt_errors(log_dir, attempt) / f"rank-{rank}.json"
+
+
+# --- the small JSON files: written whole, read defensively --------------------------------------------------
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Written to a temporary name and renamed, so a reader (another process) never sees half a file."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when it is missing, unreadable or not an object (these files describe
+    a run to another process, which goes on without them)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class UnreadableSummary(OrchError):
+    """summary.json is there but is not a summary: the message names the file and what is wrong."""
+
+
+def read_summary(output_dir: Path) -> dict[str, Any] | None:
+    """summary.json as the trainer left it: None while there is none (a run not finished, or one whose task
+    exited early); UnreadableSummary when it cannot be read or is of another shape (no step count)."""
+    path = output_dir / SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise UnreadableSummary(f"cannot read {path}: {error}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int):
+        raise UnreadableSummary(f"{path} is not a summary of a run (no step count)")
+    return summary
+
+
+def read_links(output_dir: Path) -> dict[str, str]:
+    """The run's tracking links (tracking.json: {"mlflow": URL, ...}); {} when there are none."""
+    return {k: v for k, v in read_json(output_dir / LINKS).items() if isinstance(v, str)}
+
+
+def read_run_record(output_dir: Path) -> dict[str, Any]:
+    """run.json: the `orch run` that holds (or held) OUT: job, pid, started, output_dir, procs, ...; {} if none."""
+    return read_json(output_dir / RUN_RECORD)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (0 or less: no process): is a run record's holder, or the
+    writer of a metrics file, still there."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+# --- progress.jsonl: how its numbers read (the trainer's log lines and `orch run`'s bar show the same) -------
+
+
+def format_duration(seconds: float) -> str:
+    """H:MM:SS (an ETA, a run's wall time)."""
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def format_value(value: Any) -> str:
+    """A number as the log lines show them (4 decimals); anything else a task returns, as text."""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
