@@ -10,7 +10,9 @@
 
 The `orch` commands are this module with flags and printing around it. Errors are `OrchError`s
 (orchestrator.errors; `SpecError` for a bad job, the `ClusterError`s of orchestrator.cluster): one line,
-the same the CLI prints. Nothing here prints; what a command shows while it works (the API chosen, a
+the same the CLI prints. An argument of the wrong type is a `TypeError` naming the call and the parameter;
+a job name or namespace that breaks Kubernetes' name rules (naming.py) is a `UsageError` naming the
+parameter; neither sends anything. Nothing here prints; what a command shows while it works (the API chosen, a
 build's commands, warnings) comes through the `notice` and `warn` callbacks, silent by default.
 Only the stdlib is imported up front; the cluster client, Jinja2 and pydantic when first used.
 """
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.errors import OrchError
+from orchestrator import naming
+from orchestrator.errors import OrchError, UsageError
 
 if TYPE_CHECKING:
     from orchestrator.cluster import Cluster, Job, Target
@@ -72,6 +76,11 @@ def load_job(
     of those require, the server known to either). Raises SpecError: `FILE:LINE:COL: field: problem`."""
     from orchestrator import loading
 
+    _expect("load_job", "source", source, (str, os.PathLike, Mapping), "a path or a mapping")
+    _expect_strings("load_job", "overrides", overrides)
+    if where not in ("anywhere", "cluster", "local"):
+        raise TypeError(f"load_job(): where must be 'anywhere', 'cluster' or 'local', not {where!r}")
+
     require_image, local_run = where == "cluster", where == "local"
     if isinstance(source, Mapping):
         import copy
@@ -92,6 +101,11 @@ def render(job: JobSpec, *, api: str | None = None, name: str | None = None) -> 
     """The objects `submit` would create, as plain dicts in apply order (`orch render`); no cluster is asked,
     so `api: auto` renders the first registered API. `name` renames the job (e.g. a sweep's trial)."""
     from orchestrator.rendering import render as rendering
+
+    _expect_job("render", job)
+    _expect("render", "api", api, (str, type(None)), "an API key (str) or None")
+    if name is not None:
+        _job_name("render", name)
 
     return rendering.render(job, api=api, name=name)
 
@@ -124,6 +138,11 @@ def run_local(
     `notice(plan, output_dir)` is called once the output dir is claimed, before training starts."""
     from orchestrator import local
 
+    _expect_job("run_local", job)
+    _expect("run_local", "procs", procs, (int, type(None)), "an int or None")
+    _expect("run_local", "steps", steps, (int, type(None)), "an int or None")
+    _expect("run_local", "output_dir", output_dir, (str, os.PathLike, type(None)), "a path or None")
+
     plan = local.plan(
         job, procs=procs, steps=steps, output_dir=None if output_dir is None else str(output_dir)
     )
@@ -150,6 +169,12 @@ class Build:
     build_args: Sequence[str] = ()  # KEY=VALUE
     tool: str | None = None  # docker | podman | buildah; None: the first one found
     job_file: str | Path = "job.yaml"  # its folder is the default workspace (orchestrator/workspace.py)
+
+    def __post_init__(self) -> None:
+        _expect("Build", "context", self.context, (str, os.PathLike), "a path")
+        _expect_strings("Build", "build_args", self.build_args)
+        _expect("Build", "tool", self.tool, (str, type(None)), "docker, podman, buildah or None")
+        _expect("Build", "job_file", self.job_file, (str, os.PathLike), "a path")
 
 
 @dataclass(frozen=True)
@@ -180,9 +205,16 @@ class Client:
         namespace: str | None = None,
         request_timeout: float | None = None,
     ) -> None:
-        self.kubeconfig, self.context, self.namespace = kubeconfig, context, namespace
+        _expect("Client", "kubeconfig", kubeconfig, (str, os.PathLike, type(None)), "a path or None")
+        _expect("Client", "context", context, (str, type(None)), "a str or None")
+        if namespace is not None:
+            _namespace("Client", namespace)
+        _expect("Client", "request_timeout", request_timeout, (int, float, type(None)), "seconds or None")
+        self.kubeconfig = None if kubeconfig is None else os.fspath(kubeconfig)
+        self.context, self.namespace = context, namespace
         self.request_timeout = request_timeout
         self._clusters: dict[tuple[str | None, bool], Cluster] = {}
+        self._connecting = threading.Lock()  # threads sharing a Client share one connection
 
     def cluster(self, job_namespace: str | None = None, *, lean: bool = False) -> Cluster:
         """The connection (in the job's namespace when `namespace` was not given), made once. `lean`: without
@@ -191,9 +223,10 @@ class Client:
         from orchestrator import cluster
 
         key = (job_namespace, lean)
-        if key not in self._clusters:
-            self._clusters[key] = cluster.connect(self._target(), job_namespace=job_namespace, lean=lean)
-        return self._clusters[key]
+        with self._connecting:
+            if key not in self._clusters:
+                self._clusters[key] = cluster.connect(self._target(), job_namespace=job_namespace, lean=lean)
+            return self._clusters[key]
 
     def submit(
         self,
@@ -216,6 +249,12 @@ class Client:
         from orchestrator import apis, cluster
         from orchestrator.rendering import render as rendering
 
+        _expect_job("Client.submit", job)
+        _expect("Client.submit", "api", api, (str, type(None)), "an API key (str) or None")
+        _expect("Client.submit", "replace", replace, (bool,), "a bool")
+        if dry_run not in (None, "client", "server"):
+            raise TypeError(f"Client.submit(): dry_run must be None, 'client' or 'server', not {dry_run!r}")
+        _expect("Client.submit", "build", build, (Build, type(None)), "an api.Build or None")
         wanted = api or job.api
         chosen = rendering.check(job, api=wanted)  # a bad job stops here: nothing is asked, built or sent
         if dry_run == "client":
@@ -258,7 +297,7 @@ class Client:
         """The job's phase, replicas, pods and recent warnings (`orch status`)."""
         from orchestrator import cluster
 
-        return cluster.job_status(self.cluster(lean=True), name)
+        return cluster.job_status(self.cluster(lean=True), _job_name("Client.status", name))
 
     def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""
@@ -266,6 +305,7 @@ class Client:
 
         from orchestrator import cluster, status
 
+        _expect("Client.list", "all_namespaces", all_namespaces, (bool,), "a bool")
         now = datetime.datetime.now(datetime.timezone.utc)
         return [
             status.list_row(job.api, job.obj, now)
@@ -287,6 +327,15 @@ class Client:
         max_requests; orchestrator.cluster.stream_logs)."""
         from orchestrator import cluster
 
+        _job_name("Client.logs", name)
+        _expect("Client.logs", "emit", emit, (Callable,), "a function of (label, line)")
+        _expect("Client.logs", "follow", follow, (bool,), "a bool")
+        for key, value in selection.items():
+            if key not in LOG_SELECTION:
+                raise TypeError(
+                    f"Client.logs(): unexpected keyword {key!r} (takes {', '.join(LOG_SELECTION)})"
+                )
+            _expect("Client.logs", key, value, (*LOG_SELECTION[key][0], type(None)), LOG_SELECTION[key][1])
         return cluster.stream_logs(
             self.cluster(lean=True), name, emit=emit, notice=notice, follow=follow, **selection
         )
@@ -296,6 +345,9 @@ class Client:
         `timeout` seconds (None: never). `on_phase(phase)` hears every change."""
         from orchestrator import cluster
 
+        _job_name("Client.wait", name)
+        _expect("Client.wait", "timeout", timeout, (int, float, type(None)), "seconds or None")
+        _expect("Client.wait", "on_phase", on_phase, (Callable,), "a function of (phase)")
         job = cluster.wait_for(self.cluster(lean=True), name, timeout=timeout, on_phase=on_phase)
         if job is None:
             raise WaitTimeout(f"timed out after {timeout:g}s waiting for job {name}")
@@ -305,6 +357,9 @@ class Client:
         """Delete the job and everything submitted with it; `wait`: return once its pods are gone."""
         from orchestrator import cluster
 
+        _job_name("Client.delete", name)
+        _expect("Client.delete", "wait", wait, (bool,), "a bool")
+        _expect("Client.delete", "timeout", timeout, (int, float), "seconds")
         return cluster.delete_job(self.cluster(lean=True), name, wait=wait, timeout=timeout)
 
     def _target(self) -> Target:
@@ -352,3 +407,54 @@ def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback)
     state = "built" if layer.built else "unchanged, not rebuilt"
     notice(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
     return layer.ref
+
+
+# --- what the calls take: checked before anything is read or sent ---------------------------------------------
+
+# Client.logs' selection keywords: the types each takes (or None), and how an error says it.
+LOG_SELECTION: dict[str, tuple[tuple[type, ...], str]] = {
+    "rank": ((int,), "a node rank (int)"),
+    "ranks": ((set, frozenset), "a set of node ranks"),
+    "pod": ((str,), "a pod name (str)"),
+    "every": ((bool,), "a bool"),
+    "tail": ((int,), "a number of lines (int)"),
+    "since_seconds": ((int,), "seconds (int)"),
+    "max_requests": ((int,), "a number of streams (int)"),
+}
+
+
+def _expect(call: str, param: str, value: Any, types: tuple[Any, ...], what: str) -> None:
+    """TypeError naming the call and the parameter unless `value` is one of `types` (a bool is no number)."""
+    if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+        return
+    raise TypeError(f"{call}(): {param} must be {what}, not {type(value).__name__}")
+
+
+def _expect_strings(call: str, param: str, value: Any) -> None:
+    """A sequence of str; a lone str (which would be read letter by letter) is refused."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(f"{call}(): {param} must be a list of str, not {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, str):
+            raise TypeError(f"{call}(): {param} must be a list of str, not one holding {type(item).__name__}")
+
+
+def _expect_job(call: str, job: Any) -> None:
+    from orchestrator.spec import JobSpec
+
+    _expect(call, "job", job, (JobSpec,), "a JobSpec (api.load_job makes one from a file or a dict)")
+
+
+def _job_name(call: str, name: Any) -> str:
+    """`name` as a job name: a str (TypeError) that obeys the job file's `name:` rule (UsageError)."""
+    _expect(call, "name", name, (str,), "a job name (str)")
+    if problem := naming.job_name_problem(name):
+        raise UsageError(f"name: {problem}")
+    return str(name)
+
+
+def _namespace(call: str, namespace: Any) -> str:
+    _expect(call, "namespace", namespace, (str,), "a namespace (str) or None")
+    if problem := naming.namespace_problem(namespace):
+        raise UsageError(f"namespace: {problem}")
+    return str(namespace)

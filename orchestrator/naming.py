@@ -2,10 +2,14 @@
 
 Rendering (orchestrator/rendering/) writes these; the cluster side (cluster/, status.py) selects and reads with the same
 constants, so a rename happens in one place. What one job API alone names (its controller's labels, its
-container) lives in that API's module (orchestrator/apis/). Imports nothing.
+container) lives in that API's module (orchestrator/apis/). The name rules are here too: the job file's
+`name:`/`namespace:` and every name a command or `orchestrator.api` is given (`job_name_problem`,
+`namespace_problem`) obey the same ones. Imports nothing of orch.
 """
 
 from __future__ import annotations
+
+import re
 
 # --- Labels orch puts on every object it renders (the PyTorchJob, its pod templates, ConfigMap, PodMonitor).
 LABEL_JOB = "orch.dev/job"  # value: the job name; selects one job's objects and pods
@@ -57,6 +61,44 @@ CONFIG_DIR = "/etc/orch"  # the ConfigMap is mounted here, read-only
 TRAIN_CONFIG_KEY = "train.json"
 TRAIN_CONFIG_PATH = f"{CONFIG_DIR}/{TRAIN_CONFIG_KEY}"
 OUTPUT_DIR = "/orch/output"  # ORCH_OUTPUT_DIR in pods (an emptyDir: survives container restarts)
+
+
+# --- Kubernetes name rules (apimachinery's validation.go). Every pattern is applied with re.fullmatch (Python's
+# `$` would also match before a final newline, so `name: "digits\n"` would pass); they carry no anchors. Their
+# classes are ASCII only: a look-alike letter (Cyrillic "е") is not [a-z].
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_JOB_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 is the label limit
+MAX_LABEL_LENGTH = 63  # a DNS-1123 label (a namespace)
+JOB_NAME_RULE = (
+    f"a DNS-1035 label of at most {MAX_JOB_NAME_LENGTH} characters (lowercase letters, digits and '-', "
+    "starting with a letter)"
+)
+NAMESPACE_RULE = (
+    f"a DNS-1123 label of at most {MAX_LABEL_LENGTH} characters (lowercase letters, digits and '-')"
+)
+
+
+def job_name_problem(value: str) -> str | None:
+    """What is wrong with `value` as a job name (the job file's `name:` rule), or None. A job name goes into
+    request paths, selectors and PromQL as it is: nothing but this rule lets one through."""
+    return _problem(value, DNS1035_LABEL, MAX_JOB_NAME_LENGTH, "job name", JOB_NAME_RULE)
+
+
+def namespace_problem(value: str) -> str | None:
+    """What is wrong with `value` as a namespace (a DNS-1123 label, as the API server requires), or None."""
+    return _problem(value, DNS1123_LABEL, MAX_LABEL_LENGTH, "namespace", NAMESPACE_RULE)
+
+
+def _problem(value: str, pattern: re.Pattern[str], limit: int, what: str, rule: str) -> str | None:
+    # ascii(): a look-alike or control character shows as its escape, so the user sees what is wrong
+    shown = ascii(value) if len(value) <= 60 else f"{ascii(value[:50])}... ({len(value)} characters)"
+    if not value:
+        return f"an empty {what}; it must be {rule}"
+    if len(value) > limit or not pattern.fullmatch(value):
+        return f"{shown} is not a valid {what}: it must be {rule}"
+    return None
 
 
 def config_map_name(job_name: str) -> str:

@@ -33,13 +33,10 @@ DEFAULT_GPU_SAMPLE_SECONDS = 5.0
 # Where the trainer reads the MLflow server from when the spec does not say (set it from a Secret, say).
 ENV_MLFLOW_TRACKING_URI = "ORCH_MLFLOW_TRACKING_URI"
 
-# --- Kubernetes name and value rules (apimachinery's validation.go) ---------------------------------------
+# --- Kubernetes name and value rules (apimachinery's validation.go; the name rules are naming.py's) ---------
 # Every pattern is applied with re.fullmatch (Python's `$` would also match before a final newline, so
 # `name: "digits\n"` would pass); they carry no anchors of their own.
 
-DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -54,8 +51,6 @@ CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 BUILTIN_TASKS = ("digits", "gpt", "synthetic")
-
-MAX_NAME_LENGTH = 50  # pods are named <name>-worker-<index>, services too; 63 is the label limit
 
 
 class FieldError(Exception):
@@ -146,10 +141,13 @@ Quantity = Annotated[str, BeforeValidator(_quantity)]
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 StringValue = Annotated[str, BeforeValidator(_string_value)]
 Dns1123Label = Annotated[
-    str, AfterValidator(_check(DNS1123_LABEL, "DNS-1123 label (lowercase letters, digits, '-')", 63))
+    str, AfterValidator(_check(naming.DNS1123_LABEL, "DNS-1123 label (lowercase letters, digits, '-')", 63))
 ]
 Dns1123Name = Annotated[
-    str, AfterValidator(_check(DNS1123_SUBDOMAIN, "DNS-1123 name (lowercase letters, digits, '-', '.')", 253))
+    str,
+    AfterValidator(
+        _check(naming.DNS1123_SUBDOMAIN, "DNS-1123 name (lowercase letters, digits, '-', '.')", 253)
+    ),
 ]
 PathStr = Annotated[str, AfterValidator(_path)]
 """Compared and rendered in normal form, so reserved and duplicate paths are found however they are written."""
@@ -166,7 +164,7 @@ SecretKey = Annotated[
 
 def _check_label_key(key: str) -> str:
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.fullmatch(prefix)):
+    if prefix and (len(prefix) > 253 or not naming.DNS1123_SUBDOMAIN.fullmatch(prefix)):
         raise ValueError(f"key {show(key)}: prefix {show(prefix)} must be a DNS-1123 subdomain")
     if len(name) > 63 or not QUALIFIED_NAME.fullmatch(name):
         raise ValueError(
@@ -540,9 +538,9 @@ class JobSpec(Model):
         str,
         AfterValidator(
             _check(
-                DNS1035_LABEL,
+                naming.DNS1035_LABEL,
                 "job name: a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
-                MAX_NAME_LENGTH,
+                naming.MAX_JOB_NAME_LENGTH,
             )
         ),
     ]

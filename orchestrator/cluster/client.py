@@ -327,7 +327,7 @@ class Cluster:
         as client-go's pager does."""
         options: dict[str, Any] = {"label_selector": selector} if selector else {}
         if name is not None:
-            options["field_selector"] = f"metadata.name={name}"
+            options["field_selector"] = f"metadata.name={_selector_value(name)}"
         if resource == EVENT:
             # Only warnings are shown; the field selector saves the transfer where the server supports it.
             options["field_selector"] = "type=Warning"
@@ -388,7 +388,7 @@ class Cluster:
         if selector:
             options["label_selector"] = selector
         if name is not None:
-            options["field_selector"] = f"metadata.name={name}"
+            options["field_selector"] = f"metadata.name={_selector_value(name)}"
         fn, args = self._list_call(resource, False)
         response = self._call("watch", resource, name, fn, *args, **options)
         with self._open(response):
@@ -692,6 +692,12 @@ class Cluster:
 def _name(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _selector_value(value: str) -> str:
+    """A field selector's value escaped as apimachinery's fields.EscapeValue does (`\\`, `,`, `=`): a name
+    cannot add a term to the selector."""
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
 
 
 def _resource_version(obj: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from orchestrator import naming
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
 from orchestrator.yaml_positions import positions
@@ -82,7 +83,7 @@ def _cluster(
     context_namespace: str | None,
     secrets: list[str],
 ) -> Cluster:
-    namespace = target.namespace or job_namespace or context_namespace or DEFAULT_NAMESPACE
+    namespace = _checked_namespace(target, job_namespace, context_namespace, where)
     flags = (*(("--kubeconfig", target.kubeconfig) if target.kubeconfig else ()),
              *(("--context", target.context) if target.context else ()))  # fmt: skip
     return Cluster(
@@ -272,15 +273,27 @@ def _tls_options(
 def resolve_namespace(target: Target, *, job_namespace: str | None = None) -> str:
     """The namespace `connect` would use, without contacting the cluster (for `--dry-run=client`)."""
     if target.namespace or job_namespace:
-        return target.namespace or job_namespace or DEFAULT_NAMESPACE
+        return _checked_namespace(target, job_namespace, None, "")
     path = _kubeconfig_path(target.kubeconfig)
     if path is None:
-        return _read_file(IN_CLUSTER_NAMESPACE_FILE) or DEFAULT_NAMESPACE
+        in_cluster = _read_file(IN_CLUSTER_NAMESPACE_FILE)
+        return _checked_namespace(target, None, in_cluster, "in-cluster service account")
     kubeconfig = Kubeconfig.read(path)
-    context = kubeconfig.context(
-        target.context or kubeconfig.current_context, explicit=target.context is not None
-    )
-    return context.get("namespace") or DEFAULT_NAMESPACE
+    name = target.context or kubeconfig.current_context
+    context = kubeconfig.context(name, explicit=target.context is not None)
+    return _checked_namespace(target, None, context.get("namespace"), f"context {name}")
+
+
+def _checked_namespace(target: Target, job_namespace: str | None, context_namespace: Any, where: str) -> str:
+    """-n > the job's > the context's > default, which must be a valid namespace (it goes into every request
+    path): a bad one, wherever it came from, is refused before anything is sent."""
+    namespace = target.namespace or job_namespace or context_namespace or DEFAULT_NAMESPACE
+    problem = naming.namespace_problem(namespace) if isinstance(namespace, str) else "not a string"
+    if problem is None:
+        return str(namespace)
+    if target.namespace or job_namespace:
+        raise KubeconfigError(f"namespace: {problem}")
+    raise KubeconfigError(f"{where}: namespace: {problem}; pass -n NAMESPACE, or fix the {where}")
 
 
 def _kubeconfig_path(explicit: str | None) -> str | None:

@@ -16,13 +16,21 @@ the same query parameters in snake case (`label_selector`, `_continue`, `tail_li
 answer the same way: the urllib3 response (unread) for a 2xx, `HttpError` for any other status, urllib3's
 exceptions for a connection that failed (a TLS failure included), so `Cluster`'s retries and translation do
 not know which one sent the request.
+
+Paths are built by `_path` from their parts: a part that client-go's request builder refuses
+(apimachinery's IsValidPathSegmentName: empty, `.`, `..`, a `/` or a `%`) is refused before anything is
+sent, and every part is percent-quoted, so no value (a namespace, a name, one the server returned) can
+reach another namespace, kind or object, or add a query. (The commands and `orchestrator.api` refuse a bad
+job name or namespace before that, naming the argument: naming.py's rules.)
 """
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
+
+from orchestrator.cluster.errors import ClusterError
 
 if TYPE_CHECKING:
     import urllib3
@@ -118,6 +126,19 @@ class LeanTransport:
         return response
 
 
+def _path(*parts: str) -> str:
+    """`/part/part/...`, each part quoted; refused where client-go refuses a name
+    (k8s.io/apimachinery/pkg/api/validation/path/name.go, which client-go's rest.Request.Name and
+    .Namespace apply)."""
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or "%" in part:
+            raise ClusterError(
+                f"refusing to send a request for the name {ascii(part)}: a name in a request path may not "
+                "be empty, '.' or '..', nor contain '/' or '%'"
+            )
+    return "".join(f"/{quote(part, safe='')}" for part in parts)
+
+
 def _text(data: Any) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
 
@@ -157,61 +178,65 @@ class CoreCalls(Rest):
         return self.call("GET", "/api/v1/nodes", **options)
 
     def list_namespaced_pod(self, namespace: str, **options: Any) -> Any:
-        return self.call("GET", f"/api/v1/namespaces/{namespace}/pods", **options)
+        return self.call("GET", _path("api", "v1", "namespaces", namespace, "pods"), **options)
 
     def read_namespaced_pod_log(self, name: str, namespace: str, **options: Any) -> Any:
-        return self.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", **options)
+        return self.call("GET", _path("api", "v1", "namespaces", namespace, "pods", name, "log"), **options)
 
     def list_namespaced_event(self, namespace: str, **options: Any) -> Any:
-        return self.call("GET", f"/api/v1/namespaces/{namespace}/events", **options)
+        return self.call("GET", _path("api", "v1", "namespaces", namespace, "events"), **options)
 
     def list_namespaced_config_map(self, namespace: str, **options: Any) -> Any:
-        return self.call("GET", f"/api/v1/namespaces/{namespace}/configmaps", **options)
+        return self.call("GET", _path("api", "v1", "namespaces", namespace, "configmaps"), **options)
 
     def create_namespaced_config_map(self, namespace: str, body: Any, **options: Any) -> Any:
-        return self.call("POST", f"/api/v1/namespaces/{namespace}/configmaps", body, **options)
+        return self.call("POST", _path("api", "v1", "namespaces", namespace, "configmaps"), body, **options)
 
     def read_namespaced_config_map(self, name: str, namespace: str, **options: Any) -> Any:
-        return self.call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}", **options)
+        return self.call("GET", _path("api", "v1", "namespaces", namespace, "configmaps", name), **options)
 
     def delete_namespaced_config_map(self, name: str, namespace: str, **options: Any) -> Any:
-        return self.call("DELETE", f"/api/v1/namespaces/{namespace}/configmaps/{name}", **options)
+        return self.call("DELETE", _path("api", "v1", "namespaces", namespace, "configmaps", name), **options)
 
 
 class CustomCalls(Rest):
     """What orch calls of custom resources (`CustomObjectsApi`'s methods of the same names)."""
 
     def get_api_resources(self, group: str, version: str, **options: Any) -> Any:
-        return self.call("GET", f"/apis/{group}/{version}", **options)
+        return self.call("GET", _path("apis", group, version), **options)
 
     def list_cluster_custom_object(self, group: str, version: str, plural: str, **options: Any) -> Any:
-        return self.call("GET", f"/apis/{group}/{version}/{plural}", **options)
+        return self.call("GET", _path("apis", group, version, plural), **options)
 
     def list_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, **options: Any
     ) -> Any:
-        return self.call("GET", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}", **options)
+        return self.call("GET", _path("apis", group, version, "namespaces", namespace, plural), **options)
 
     def create_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, body: Any, **options: Any
     ) -> Any:
-        return self.call("POST", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}", body, **options)
+        return self.call(
+            "POST", _path("apis", group, version, "namespaces", namespace, plural), body, **options
+        )
 
     def get_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, name: str, **options: Any
     ) -> Any:
-        return self.call("GET", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}", **options)
+        return self.call(
+            "GET", _path("apis", group, version, "namespaces", namespace, plural, name), **options
+        )
 
     def patch_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, name: str, body: Any, **options: Any
     ) -> Any:
-        path = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+        path = _path("apis", group, version, "namespaces", namespace, plural, name)
         return self.call("PATCH", path, body, content_type=MERGE_PATCH, **options)
 
     def delete_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, name: str, **options: Any
     ) -> Any:
-        path = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+        path = _path("apis", group, version, "namespaces", namespace, plural, name)
         return self.call("DELETE", path, **options)
 
 
@@ -229,4 +254,6 @@ class ClusterCalls(Rest):
         return self.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body, **options)
 
     def read_custom_resource_definition(self, name: str, **options: Any) -> Any:
-        return self.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", **options)
+        return self.call(
+            "GET", _path("apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", name), **options
+        )

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from orchestrator.apis import registry
-from orchestrator.commands.common import DURATION, job_options, load_job, output_option, warn_missing_code
+from orchestrator.commands.common import (
+    DURATION,
+    checked_job_name,
+    checked_namespace,
+    job_options,
+    load_job,
+    output_option,
+    warn_missing_code,
+)
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
@@ -63,7 +71,7 @@ def _cluster_options(fn: F, namespace_help: str) -> F:
         help="Give up when the API server has not answered for this long, retries included, e.g. 30s or 2m; "
         "0: never. Default: $ORCH_REQUEST_TIMEOUT, else 60s.",
     )(fn)
-    fn = click.option("-n", "--namespace", help=namespace_help)(fn)
+    fn = click.option("-n", "--namespace", callback=checked_namespace, help=namespace_help)(fn)
     fn = click.option("--context", help="Kubeconfig context to use (default: its current-context).")(fn)
     return click.option(
         "--kubeconfig",
@@ -194,7 +202,7 @@ def submit(
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", callback=checked_job_name)
 @cluster_options
 @output_option("table", "json", "yaml")
 def status(
@@ -267,7 +275,7 @@ def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> fro
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", callback=checked_job_name)
 @cluster_options
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too)."
@@ -334,7 +342,7 @@ def _print_line(label: str, line: str) -> None:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", callback=checked_job_name)
 @cluster_options
 @click.option("--timeout", type=DURATION, help="Give up after this long (exit 124), e.g. 2h. Default: never.")
 def wait(
@@ -350,7 +358,7 @@ def wait(
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", callback=checked_job_name)
 @cluster_options
 @click.option("--wait", "wait_", is_flag=True, help="Return only once the job and its pods are gone.")
 @click.option("--timeout", type=DURATION, default=600, show_default=True, help="How long --wait waits.")

@@ -38,6 +38,27 @@ class Duration(_IntParamType):
 DURATION = Duration()
 
 
+def checked_job_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Callback of a NAME argument: the job file's `name:` rule (naming.py), else `error: NAME: ...` (exit 2)
+    before anything is sent; a name goes into request paths, selectors and PromQL."""
+    from orchestrator import naming
+    from orchestrator.errors import UsageError
+
+    if value is not None and (problem := naming.job_name_problem(value)):
+        raise UsageError(f"NAME: {problem}")
+    return value
+
+
+def checked_namespace(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Callback of `-n/--namespace`: a DNS-1123 label (naming.py), else `error: --namespace: ...` (exit 2)."""
+    from orchestrator import naming
+    from orchestrator.errors import UsageError
+
+    if value is not None and (problem := naming.namespace_problem(value)):
+        raise UsageError(f"--namespace: {problem}")
+    return value
+
+
 def job_options(fn: F) -> F:
     """`JOB` (path to job.yaml) and repeatable `--set key.path=value` overrides."""
     fn = click.option(

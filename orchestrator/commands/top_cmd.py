@@ -6,21 +6,27 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.commands.common import output_option
+from orchestrator.commands.common import checked_job_name, checked_namespace, output_option
 
 if TYPE_CHECKING:
     from orchestrator.top import Row, Summary
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", callback=checked_job_name)
 @click.option(
     "--prometheus",
     "prometheus",
     metavar="URL",
     help="Prometheus base URL. Default: $ORCH_PROMETHEUS_URL, else prometheus_url in ~/.config/orch/config.yaml.",
 )
-@click.option("-n", "--namespace", default=None, help="Only series with this namespace label.")
+@click.option(
+    "-n",
+    "--namespace",
+    default=None,
+    callback=checked_namespace,
+    help="Only series with this namespace label.",
+)
 @click.option(
     "--local", "local", is_flag=True, help="Read a run on this machine from its exporter (127.0.0.1)."
 )
