@@ -287,6 +287,10 @@ def _create(
             return _as_created(obj, found)  # our create was stored, its answer lost; the retry met it
         if dry_run and found is not None and replaced_uid and replaced_uid in (_uid(found), *_owners(found)):
             return obj  # validated; it would be created once the replaced job and what it owns are gone
+        job = _job_label(obj)
+        if api is not None or (found is not None and _annotation(found) and _job_label(found) == job):
+            # the job, or what another submit of the same job created first (two at once: one wins)
+            raise AlreadyExists(_exists_message(job or name, cluster.namespace)) from e
         raise AlreadyExists(
             f"{e} and was not created by this submit; remove it "
             f"({cluster.kubectl('delete', resource.ref(name))}) or choose another job name"
@@ -303,6 +307,12 @@ def _as_created(sent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
 def _annotation(obj: dict[str, Any]) -> Any:
     annotations = (obj.get("metadata") or {}).get("annotations")
     return annotations.get(naming.ANNOTATION_SUBMISSION) if isinstance(annotations, dict) else None
+
+
+def _job_label(obj: dict[str, Any]) -> str | None:
+    labels = (obj.get("metadata") or {}).get("labels")
+    job = labels.get(naming.LABEL_JOB) if isinstance(labels, dict) else None
+    return job if isinstance(job, str) else None
 
 
 def _uid(obj: dict[str, Any] | None) -> str | None:
