@@ -410,7 +410,7 @@ class Check:
         return Row("exporter", "fail" if problems else "pass", "; ".join(problems) or detail, values)
 
     def fsdp(self) -> Row:
-        from orchestrator.spec import TrainSpec
+        from orchestrator.trainer.config import TrainSpec
 
         if "parallel" not in TrainSpec.model_fields:
             return Row("fsdp", "skip", "train.parallel is not in this orch yet")

@@ -48,7 +48,7 @@ def train_config(
     *, world: int, accumulation: int, steps: int, task_args: dict[str, Any] | None = None, **extra: Any
 ) -> dict[str, Any]:
     """A full train.json (TrainSpec serialised), read alike by orch's trainer and the two other loops."""
-    from orchestrator.spec import TrainSpec  # pydantic only: no torch in the harness
+    from orchestrator.trainer.config import TrainSpec  # pydantic only: no torch in the harness
 
     micro = extra.pop("micro_batch_size", MICRO_BATCH)
     spec = TrainSpec.model_validate(

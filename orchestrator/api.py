@@ -32,8 +32,8 @@ from orchestrator.errors import OrchError, UsageError
 
 if TYPE_CHECKING:
     from orchestrator.cluster import Cluster, Job, Target
+    from orchestrator.job.spec import JobSpec
     from orchestrator.local import LocalPlan
-    from orchestrator.spec import JobSpec
     from orchestrator.status import JobStatus
 
 __all__ = [
@@ -74,7 +74,7 @@ def load_job(
     submit: an image, an MLflow server named in the spec or the job's env), "local" (`orch run`: the
     tracking packages here, the server in the spec or this shell), "anywhere" (`orch validate`: what both
     of those require, the server known to either). Raises SpecError: `FILE:LINE:COL: field: problem`."""
-    from orchestrator import loading
+    from orchestrator.job import loading
 
     _expect("load_job", "source", source, (str, os.PathLike, Mapping), "a path or a mapping")
     _expect_strings("load_job", "overrides", overrides)
@@ -440,7 +440,7 @@ def _expect_strings(call: str, param: str, value: Any) -> None:
 
 
 def _expect_job(call: str, job: Any) -> None:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
     _expect(call, "job", job, (JobSpec,), "a JobSpec (api.load_job makes one from a file or a dict)")
 

@@ -4,7 +4,7 @@ Two channels reach `python -m orchestrator.trainer`: the job's `train` section a
 `--config`), and the facts of where and how it runs (job name, output directory, exporter settings, where
 progress goes) in the environment. `render` (the pods) and `orch run` (this machine) write the environment
 with `RuntimeEnv.to_env()`; the trainer reads it once with `RuntimeEnv.from_environ()`. Every name and
-default lives here. Imports nothing heavy (`orch render` imports it).
+default lives here. Imports the trainer's config (pydantic, no torch) and nothing else of the trainer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator import outputs
-from orchestrator.spec import (
+from orchestrator.trainer.config import (
     DEFAULT_GPU_SAMPLE_SECONDS,
     DEFAULT_METRICS_PORT,
     ENV_MLFLOW_TRACKING_URI,
@@ -27,7 +27,7 @@ from orchestrator.spec import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ __all__ = [
     "DEFAULT_GPU_SAMPLE_SECONDS",
     "DEFAULT_METRICS_PORT",
     "ENV_MLFLOW_TRACKING_URI",
-]  # job.yaml's, here too
+]  # the trainer config's, here too
 DEFAULT_METRICS_ADDR = "0.0.0.0"  # Prometheus scrapes the pod's IP
 
 JOB_NAME = "ORCH_JOB_NAME"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from orchestrator import outputs
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 IMAGE_DIR = "/orch/workspace"  # where the files go in the image: on PYTHONPATH, the working directory
 TAG_PREFIX = "workspace-"
@@ -59,11 +59,8 @@ class Reference:
 def references(spec: JobSpec) -> list[Reference]:
     """The modules and scripts the job needs from its image: a plug-in `train.task`, a `command:` script
     (`python train.py`, `bash run.sh`, `./train`) or module (`python -m pkg.train`). Pure."""
-    from orchestrator.spec import BUILTIN_TASKS
-
     found: list[Reference] = []
-    if spec.train is not None and spec.train.task not in BUILTIN_TASKS:
-        module = spec.train.task.partition(":")[0]
+    if spec.train is not None and (module := spec.train.task_module) is not None:
         found.append(Reference("train.task", spec.train.task, module=module))
     if spec.command:
         argv = list(spec.command)

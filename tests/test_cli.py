@@ -65,9 +65,9 @@ DURATIONS_BAD = ["1y", "", "1h\n", "0", "0s", "-5", "1.5h", "h", "99999999999s"]
 @pytest.mark.parametrize("text", [*DURATIONS_OK, *DURATIONS_BAD])
 def test_job_file_and_cli_durations_agree(text, tmp_path):
     """`deadline:` in job.yaml and `orch wait --timeout` share one parser: same seconds, same refusals."""
-    from orchestrator import loading
     from orchestrator.commands.common import DURATION
     from orchestrator.errors import SpecError
+    from orchestrator.job import loading
 
     job = tmp_path / "job.yaml"
     job.write_text(f"name: d\ntrain: {{task: digits}}\ndeadline: {text!r}\n")

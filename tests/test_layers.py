@@ -3,7 +3,7 @@ trainer imports it (its launchers start it as a process and meet it in the outpu
 
 Every import counts, wherever it is written (module level, inside a function, under TYPE_CHECKING): a lazy
 import is still a dependency, only a cheaper one. An import names the module it reaches (`from orchestrator
-import spec` -> orchestrator.spec; `from orchestrator.cluster.client import Cluster` ->
+import api` -> orchestrator.api; `from orchestrator.cluster.client import Cluster` ->
 orchestrator.cluster.client), like import-linter does.
 """
 
@@ -15,6 +15,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 TRAINER = ("orchestrator.trainer",)
+# The trainer's config lives beside the trainer (its owner) and imports no torch and nothing else of the
+# trainer; the modules that hand it to the trainer may import it, that module only: the job spec, whose
+# `train:` section it is, runtime_env, which writes it into train.json and reads it back in the trainer, and
+# `orch run`'s plan, which holds the train section it writes (with --steps applied).
+TRAINER_CONFIG = "orchestrator.trainer.config"
+TRAINER_CONFIG_USERS = ("orchestrator.job.spec", "orchestrator.runtime_env", "orchestrator.local.plan")
 
 
 def within(name: str, packages: tuple[str, ...]) -> bool:
@@ -84,13 +90,21 @@ def test_no_import_circles():
 
 def test_nothing_outside_the_trainer_imports_it():
     """`orch run` (local/) and a pod's launch.py start the trainer as a process; what they read back of it
-    (summary.json, the links, the progress events' formats) is outputs.py's."""
+    (summary.json, the links, the progress events' formats) is outputs.py's. The one exception is the
+    trainer's config, which the modules that hand it to the trainer import (TRAINER_CONFIG_USERS)."""
     importers = {
-        name
+        (name, target)
         for name, targets in GRAPH.items()
-        if not within(name, TRAINER) and any(within(t, TRAINER) for t in targets)
+        if not within(name, TRAINER)
+        for target in targets
+        if within(target, TRAINER) and not (target == TRAINER_CONFIG and name in TRAINER_CONFIG_USERS)
     }
     assert importers == set()
+
+
+def test_the_trainer_config_imports_nothing_else_of_the_trainer():
+    """What the job spec imports of the trainer stays light: no other trainer module (they import torch)."""
+    assert {t for t in GRAPH[TRAINER_CONFIG] if within(t, TRAINER)} == set()
 
 
 def test_the_checker_sees_a_circle():
@@ -99,8 +113,9 @@ def test_the_checker_sees_a_circle():
 
 def test_every_list_of_apis_comes_from_the_registry():
     """`api:`, `--api` (render and submit) and the API objects all say what apis/registry.py says."""
-    from orchestrator import apis, spec
+    from orchestrator import apis
     from orchestrator.commands import cluster_cmds, spec_cmds
+    from orchestrator.job import spec
 
     assert spec.JobSpec.model_fields["api"].annotation.__args__ == apis.CHOICES
     for command in (spec_cmds.render, cluster_cmds.submit):

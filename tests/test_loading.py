@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.loading import load_job
+from orchestrator.job.loading import load_job
 
 JOB = textwrap.dedent(
     """\

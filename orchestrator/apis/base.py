@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from orchestrator.resources import Resource
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 
 @dataclass(frozen=True)

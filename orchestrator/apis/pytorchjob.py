@@ -27,7 +27,7 @@ from orchestrator.rendering import pod, scheduling, templates
 from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 RESOURCE = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/"

@@ -39,7 +39,7 @@ from orchestrator.rendering import pod, scheduling, templates
 from orchestrator.resources import CONFIGMAP, JOBSET, PODMONITOR, Resource
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 RESOURCE = Resource(GROUP, VERSION, "trainjobs", "TrainJob")

@@ -104,7 +104,7 @@ def poll_seconds() -> float:
 
 def request_timeout_from_env() -> float:
     """$ORCH_REQUEST_TIMEOUT in seconds (a number, or a duration like 90s or 2m; 0: no limit), else the default."""
-    from orchestrator.durations import parse_duration
+    from orchestrator.job.durations import parse_duration
 
     raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
     if not raw:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from orchestrator import naming
 from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
 from orchestrator.cluster.errors import KubeconfigError
-from orchestrator.yaml_positions import positions
+from orchestrator.job.yaml_positions import positions
 
 if TYPE_CHECKING:
     from orchestrator.cluster.rest import LeanTransport

@@ -37,7 +37,7 @@ REQUEST_TIMEOUT_KEY = "orch.request_timeout"
 
 
 def _remember_request_timeout(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    from orchestrator.durations import parse_duration
+    from orchestrator.job.durations import parse_duration
 
     if value is None or value.strip() == "0":
         ctx.meta[REQUEST_TIMEOUT_KEY] = None if value is None else 0

@@ -11,7 +11,7 @@ from orchestrator.apis import registry
 
 if TYPE_CHECKING:
     from orchestrator import api
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,7 +27,7 @@ class Duration(_IntParamType):
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from orchestrator.durations import parse_duration
+        from orchestrator.job.durations import parse_duration
 
         try:
             return parse_duration(value)

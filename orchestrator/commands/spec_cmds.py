@@ -11,7 +11,7 @@ import click
 from orchestrator.commands.common import api_option, job_options, load_job, output_option, warn_missing_code
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 STARTER = """\
 # An orch job: one file for `orch run` (this machine) and `orch render` / `orch submit` (Kubernetes).
@@ -65,8 +65,8 @@ def init(job_file: str, name: str, image: str, force: bool) -> None:
       orch init job.yaml --name digits-ddp
       orch run job.yaml
     """
-    from orchestrator import loading
     from orchestrator.errors import UsageError
+    from orchestrator.job import loading
 
     path = Path(job_file)
     if path.exists() and not force:

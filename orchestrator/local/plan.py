@@ -16,7 +16,8 @@ from orchestrator import runtime_env, storage
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec, TrainSpec
+    from orchestrator.job.spec import JobSpec
+    from orchestrator.trainer.config import TrainSpec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import launch, naming
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec, Toleration, Volume
+    from orchestrator.job.spec import JobSpec, Toleration, Volume
 
 TRAINER_MODULE = "orchestrator.trainer"
 LAUNCHER = ["python", "-m", "orchestrator.launch"]  # torchrun whose exit code keeps the failure's class
@@ -199,7 +199,7 @@ def _env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) ->
 
 def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:
     """tracking.mlflow.credentials -> MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN from their Secrets."""
-    from orchestrator.spec import MLFLOW_CREDENTIAL_ENV
+    from orchestrator.job.spec import MLFLOW_CREDENTIAL_ENV
 
     if spec.tracking.mlflow is None:
         return {}

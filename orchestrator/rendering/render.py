@@ -19,7 +19,7 @@ from orchestrator.rendering import pod, scheduling, tracking_record
 from orchestrator.rendering.templates import render_template
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 CONFIGMAP_TEMPLATE, PODMONITOR_TEMPLATE = "configmap.yaml.j2", "podmonitor.yaml.j2"
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from orchestrator import naming
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 
 def kueue_queue(spec: JobSpec) -> str | None:

@@ -14,7 +14,7 @@ from orchestrator import naming
 from orchestrator.redaction import redact, redact_url
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 
 def annotation(spec: JobSpec, name: str, kind: str) -> dict[str, str]:
@@ -63,6 +63,6 @@ def describe(annotations: Any) -> dict[str, str]:
 
 
 def _from_the_pods() -> str:
-    from orchestrator.spec import ENV_MLFLOW_TRACKING_URI  # only here: the spec imports pydantic
+    from orchestrator.runtime_env import ENV_MLFLOW_TRACKING_URI  # only here: runtime_env imports pydantic
 
     return f"(the pods' {ENV_MLFLOW_TRACKING_URI})"

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from orchestrator.runtime_env import RuntimeEnv
-    from orchestrator.spec import OptimizerSpec, TrainSpec
     from orchestrator.trainer.checkpoint import Checkpointer
+    from orchestrator.trainer.config import OptimizerSpec, TrainSpec
     from orchestrator.trainer.data import Layout, ShardedStream
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.metrics import Meter

@@ -21,7 +21,7 @@ from orchestrator.outputs import format_duration, format_value
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.spec import TrainSpec
+    from orchestrator.trainer.config import TrainSpec
     from orchestrator.trainer.data import Layout
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.step import StepResult

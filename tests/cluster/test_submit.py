@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from orchestrator import loading
+from orchestrator.job import loading
 from orchestrator.rendering import render
 from tests.fakes.cli import FAST, Env, write_kubeconfig
 from tests.fakes.emulator import CONFIGMAPS, JOBS, PODMONITORS, PODS, serve

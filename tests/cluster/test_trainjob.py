@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cluster, loading
+from orchestrator import cluster
+from orchestrator.job import loading
 from orchestrator.rendering import render
 from tests.cluster.test_follow import Follower
 from tests.fakes.cli import FAST, Env, write_kubeconfig

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import loading, workspace
+from orchestrator import workspace
+from orchestrator.job import loading
 from tests.fakes.cli import run_orch  # in process, as the console script runs: the warnings are on stderr
 
 BASE = "registry.example/team/trainer:abc"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import loading
+from orchestrator.job import loading
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

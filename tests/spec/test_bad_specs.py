@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import loading
 from orchestrator.errors import SpecError
+from orchestrator.job import loading
 from tests.fakes.cli import run_orch
 
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))

@@ -17,8 +17,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render, templates
-from orchestrator.spec import JobSpec
 
 SPECIALS = [
     '"',

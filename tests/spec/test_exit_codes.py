@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import launch, naming, outputs
+from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
 from orchestrator.rendering.pod import LAUNCHER
-from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import finish, kill_all, pod_command
 from tests.spec.test_torchrun_launch import free_port
 from tests.trainer.conftest import REPO, job

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import loading
+from orchestrator.job import loading
 from orchestrator.rendering import render
 from tests.spec.conftest import EXAMPLES, load
 from tests.spec.manifest_checks import objects_errors

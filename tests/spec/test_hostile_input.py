@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import loading
 from orchestrator.errors import SpecError
+from orchestrator.job import loading
 from tests.fakes.cli import run_orch
 
 ORCH = Path(sys.executable).with_name("orch")

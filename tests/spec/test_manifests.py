@@ -12,7 +12,7 @@ import copy
 import pytest
 import yaml
 
-from orchestrator import loading
+from orchestrator.job import loading
 from orchestrator.rendering import render
 from tests.spec.conftest import EXAMPLES
 from tests.spec.manifest_checks import REPO, cluster_errors, objects_errors

@@ -11,7 +11,7 @@ from orchestrator import naming
 from orchestrator.errors import SpecError
 from orchestrator.rendering import render
 from orchestrator.rendering.pod import LAUNCHER, merge_overrides
-from orchestrator.spec import TrainSpec
+from orchestrator.trainer.config import TrainSpec
 from tests.spec.conftest import load
 
 BASE = "name: demo\nimage: example.com/trainer:1\ntrain: {task: digits, batch_size: 240}\n"

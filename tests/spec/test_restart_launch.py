@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import naming
+from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
-from orchestrator.spec import JobSpec
 from tests.spec.test_torchrun_launch import free_port
 from tests.trainer.conftest import REPO, Run, assert_same_params, job, orch_run, write_job
 from tests.trainer.test_faults import wait_for

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import loading
+from orchestrator.job import loading
 from orchestrator.rendering import render
 from tests.fakes.cli import run_orch as orch
 from tests.spec.manifest_checks import cluster_errors

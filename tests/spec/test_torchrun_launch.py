@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
-from orchestrator.spec import JobSpec
 
 # One os.write per process: with PYTHONUNBUFFERED (the operator sets it) print() writes its pieces separately and
 # the two processes' lines interleave.

@@ -19,8 +19,8 @@ import pytest
 
 from orchestrator import naming
 from orchestrator.apis import trainjob
+from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
-from orchestrator.spec import JobSpec
 from tests.spec.test_restart_launch import kill_all
 from tests.spec.test_torchrun_launch import free_port
 from tests.trainer.conftest import REPO, Run, assert_same_params, job, orch_run, write_job

@@ -7,8 +7,9 @@ import json
 import pytest
 import yaml
 
-from orchestrator import loading, runtime_env, status
+from orchestrator import runtime_env, status
 from orchestrator.errors import SpecError
+from orchestrator.job import loading
 from orchestrator.naming import ANNOTATION_TRACKING
 from orchestrator.rendering import render, tracking_record
 from tests.spec.manifest_checks import objects_errors

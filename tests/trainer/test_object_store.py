@@ -286,7 +286,7 @@ def test_a_stream_reads_its_tar_shards_from_the_store(s3, tmp_path):
 def test_a_pod_whose_store_cannot_be_written_stops_at_start_in_one_line(s3, tmp_path):
     """In a pod no `orch run` checks first: rank 0 of the trainer does, before building anything."""
     from orchestrator import runtime_env
-    from orchestrator.spec import TrainSpec
+    from orchestrator.trainer.config import TrainSpec
 
     config = tmp_path / "train.json"
     config.write_text(runtime_env.train_json(TrainSpec(task="synthetic", batch_size=16, max_steps=2)))

@@ -153,7 +153,7 @@ def test_memory_meter_reads_gradients_and_optimizer_state(tmp_path):
 
 
 def test_the_spec_fields():
-    from orchestrator.spec import TrainSpec
+    from orchestrator.trainer.config import TrainSpec
 
     train = TrainSpec.model_validate(
         {"parallel": "fsdp", "fsdp": {"reshard_after_forward": False}, "checkpoint": {"async": True}}

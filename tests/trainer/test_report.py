@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from orchestrator.spec import TrainSpec
 from orchestrator.trainer import report
+from orchestrator.trainer.config import TrainSpec
 from orchestrator.trainer.data import Layout
 from orchestrator.trainer.dist import Dist
 from orchestrator.trainer.step import StepResult

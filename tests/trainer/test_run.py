@@ -178,7 +178,8 @@ def _eval_loss_at(out: Path, step: int) -> float:
 def test_default_output_directory(tmp_path):
     from datetime import datetime
 
-    from orchestrator import loading, local
+    from orchestrator import local
+    from orchestrator.job import loading
     from tests.trainer.conftest import write_job
 
     spec = loading.load_job(str(write_job(tmp_path, job("named"))))
@@ -190,7 +191,8 @@ def test_default_output_directories_are_unique_and_a_held_one_is_refused(tmp_pat
     """Two runs of a job started in the same second get two directories; an --out in use is refused."""
     from datetime import datetime
 
-    from orchestrator import loading, local
+    from orchestrator import local
+    from orchestrator.job import loading
     from tests.trainer.conftest import write_job
 
     monkeypatch.chdir(tmp_path)
@@ -275,7 +277,7 @@ def test_the_rendered_pod_command_trains(tmp_path):
     """Run the container command of the rendered PyTorchJob, with the operator's pod env, on this machine."""
     import socket
 
-    from orchestrator import loading
+    from orchestrator.job import loading
     from orchestrator.rendering import render
 
     objects = render.render(loading.load_job(str(REPO / "examples" / "digits.yaml")))
@@ -336,8 +338,9 @@ def test_plateau_lowers_the_rate_when_the_eval_loss_stops_improving(plateau_run)
 
 
 def test_plan_resolves_steps_procs_and_refuses_what_cannot_run(tmp_path):
-    from orchestrator import loading, local
+    from orchestrator import local
     from orchestrator.errors import UsageError
+    from orchestrator.job import loading
     from tests.trainer.conftest import write_job
 
     spec = loading.load_job(str(write_job(tmp_path, job("plan", epochs=3, max_steps=None))))
@@ -352,7 +355,8 @@ def test_plan_resolves_steps_procs_and_refuses_what_cannot_run(tmp_path):
 
 
 def test_plan_gives_the_processes_the_jobs_exporter_settings(tmp_path):
-    from orchestrator import loading, local
+    from orchestrator import local
+    from orchestrator.job import loading
     from tests.trainer.conftest import write_job
 
     path = str(write_job(tmp_path, job("metered")))
@@ -444,7 +448,7 @@ def test_the_rank_that_failed_is_named_not_one_the_launcher_stopped(tmp_path):
 
 
 def load_spec(tmp_path: Path):
-    from orchestrator import loading
+    from orchestrator.job import loading
 
     path = tmp_path / "job.yaml"
     path.write_text("name: t\ncommand: [python, x.py]\nprocs_per_node: 2\n")

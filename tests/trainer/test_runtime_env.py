@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator import loading, local, runtime_env
+from orchestrator import local, runtime_env
+from orchestrator.job import loading
 from orchestrator.rendering import pod, render
 from orchestrator.runtime_env import RuntimeEnv
 from tests.trainer.conftest import REPO

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from orchestrator.spec import ScheduleSpec
+from orchestrator.trainer.config import ScheduleSpec
 from orchestrator.trainer.schedule import Plateau, Scheduler, lr_at
 
 BASE = 1.0

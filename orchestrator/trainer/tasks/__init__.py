@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from orchestrator.spec import BUILTIN_TASKS
+from orchestrator.trainer.config import BUILTIN_TASKS
 
 # The batch a DataLoader yields from the datasets is `(inputs, targets)`; the trainer calls
 # `outputs = model(inputs)` and `loss_fn(outputs, targets)`.

@@ -25,10 +25,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import apis, runtime_env
-from orchestrator import spec as spec_models
 from orchestrator.errors import SpecError
+from orchestrator.job import fields
+from orchestrator.job import spec as spec_models
+from orchestrator.job.yaml_positions import FieldPath, Position, positions
 from orchestrator.redaction import redact
-from orchestrator.yaml_positions import FieldPath, Position, positions
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 64
@@ -322,13 +323,13 @@ def _message(error: Mapping[str, Any], path: FieldPath) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "int_parsing_size":  # a float like 1e20 where an integer belongs
-        return f"{spec_models.show(error['input'])} is outside the int64 range (the bound)"
+        return f"{fields.show(error['input'])} is outside the int64 range (the bound)"
     if kind in ("value_error", "assertion_error"):
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if (kind == "literal_error" or kind.endswith("_type") or kind.endswith("_parsing")) and not _is_secret(
         path
     ):
-        message += f" (got {spec_models.show(error['input'])})"
+        message += f" (got {fields.show(error['input'])})"
     if _is_secret(path) and isinstance(error.get("input"), str) and error["input"]:
         message = message.replace(error["input"], "<hidden>")  # a secret given in the wrong place
     return str(message)
@@ -374,7 +375,7 @@ def validate(
         path = _data_path(data, first)
         message = _message(first, path)
         raise fail(path, message) from None
-    except spec_models.FieldError as error:
+    except fields.FieldError as error:
         raise fail(error.parts, error.message) from None
     if job.api != apis.AUTO and (problem := apis.by_key(job.api).spec_problem(job, job.name)):
         raise fail(tuple(problem[0].split(".")), problem[1])
