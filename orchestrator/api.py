@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
     from orchestrator.local import LocalPlan
     from orchestrator.status import JobStatus
+    from orchestrator.top import Metrics
 
 __all__ = [
     "Build",
@@ -45,6 +46,7 @@ __all__ = [
     "load_job",
     "render",
     "run_local",
+    "top",
     "validate",
 ]
 
@@ -156,6 +158,31 @@ def run_local(
     tracked = job.tracking.tensorboard or job.tracking.mlflow is not None
     links = local.tracking_links(claimed.output_dir) if summary is not None and tracked else {}
     return LocalRun(claimed.output_dir, summary, links)
+
+
+# --- a job's metrics --------------------------------------------------------------------------------------------
+
+
+def top(
+    name: str,
+    *,
+    prometheus: str | None = None,
+    namespace: str | None = None,
+    exporters: Sequence[str] = (),
+    local: bool = False,
+    port: int | None = None,
+    worst: int = 5,
+) -> Metrics:
+    """Where `orch top` reads job `name`'s metrics, ready to read: `.snapshot()` (what `orch top -o json`
+    prints: a row per rank and GPU, and the summary) or `.follow(interval)` (a snapshot every `interval`
+    seconds). From Prometheus (`prometheus`, else $ORCH_PROMETHEUS_URL, else `prometheus_url` in orch's
+    config file; only series labelled `namespace` when given), or from `exporters` (/metrics URLs) and, with
+    `local`, the exporter of the live `orch run` of `name` on this machine (or `port`). UsageError when
+    both or neither are given."""
+    from orchestrator import top as metrics
+
+    urls = [*exporters, *([metrics.local_exporter_url(port, job=name)] if local else [])]
+    return metrics.Metrics(name, prometheus=prometheus, exporters=urls, namespace=namespace, worst=worst)
 
 
 # --- on a cluster ---------------------------------------------------------------------------------------------
@@ -294,10 +321,16 @@ class Client:
         )
 
     def status(self, name: str) -> JobStatus:
-        """The job's phase, replicas, pods and recent warnings (`orch status`)."""
-        from orchestrator import cluster
+        """The job's phase, replicas, pods and recent warnings (`orch status`), and the rank every other one
+        waits for (`straggler`) where a Prometheus is configured as for `orch top` (None: none, or none
+        configured or answering)."""
+        import dataclasses
 
-        return cluster.job_status(self.cluster(lean=True), _job_name("Client.status", name))
+        from orchestrator import cluster, top
+
+        name = _job_name("Client.status", name)
+        state = cluster.job_status(self.cluster(lean=True), name)
+        return dataclasses.replace(state, straggler=top.find_straggler(name, namespace=state.namespace))
 
     def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""

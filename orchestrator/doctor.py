@@ -449,7 +449,7 @@ def cluster_checks(
 def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     """Judge `orchestrator.cluster.probes.gather`'s plain-data answer (see that function for its keys)."""
     from orchestrator.apis import by_key  # a table of constants; kubernetes stays unimported
-    from orchestrator.resources import KUEUE_GROUP
+    from orchestrator.kube.kinds import KUEUE_GROUP
 
     checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
     apis = facts.get("apis") or {}

@@ -1,27 +1,30 @@
-"""`orch top`: one row per rank (and per GPU no rank claims) with utilisation, memory, power, samples/s and loss.
+"""`orch top`'s numbers: one row per rank (and per GPU no rank claims) with utilisation, memory, power,
+samples/s and loss, the summary of a job past a screen of ranks, and the straggler `orch status` names.
 
-Two sources, one table:
+Two sources, the same rows:
 - Prometheus' HTTP API (a cluster job, or anything Prometheus scrapes): instant queries over the series the
   trainer exports (docs/metrics.md); samples/s is `rate(...[1m])`.
 - A run's exporters directly (`orch run` on this machine): the `/metrics` text of each node, scraped twice
   `interval` seconds apart for samples/s.
-Ranks are joined to their GPU through `orch_rank_info{gpu_uuid}`. Stdlib only (urllib), plus prometheus-client's
-text parser for exporters.
+Ranks are joined to their GPU through `orch_rank_info{gpu_uuid}`. `Metrics` is `orch top`'s loop (one
+source, a `Snapshot` at a time); `orch top` prints them (orchestrator/commands/top_cmd.py, tables.py). Stdlib
+only (urllib), plus prometheus-client's text parser for exporters.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import status
 from orchestrator.errors import OrchError, UsageError
 
 
@@ -241,7 +244,7 @@ def from_exporters(
     return _rows(current), (now, current)
 
 
-# --- the table -------------------------------------------------------------------------------------------------
+# --- the rows: each rank's numbers, joined to its GPU ------------------------------------------------------
 
 
 def _rows(series: _Series) -> list[Row]:
@@ -302,52 +305,6 @@ def _rows(series: _Series) -> list[Row]:
     ):
         rows.append(with_gpu(Row(node_rank=gpus[uuid].get("node_rank", "")), uuid))
     return rows
-
-
-def _number(value: float | None, fmt: str) -> str:
-    if value is None:
-        return "-"
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    return format(value, fmt)
-
-
-def _gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.1f}"
-
-
-def format_table(rows: list[Row]) -> str:
-    header = ("RANK", "NODE", "HOST", "GPU", "UTIL", "MEM GiB", "POWER W", "STEP", "SAMPLES/S", "LOSS")
-    lines = [header]
-    for row in rows:
-        memory = "-"
-        if row.memory_used_bytes is not None:
-            memory = _gib(row.memory_used_bytes) + (
-                "/" + _gib(row.memory_total_bytes) if row.memory_total_bytes else ""
-            )
-        lines.append(
-            (
-                "-" if row.rank is None else str(row.rank),
-                row.node_rank or "-",
-                row.hostname or "-",
-                row.gpu or "-",
-                "-" if row.gpu_utilization is None else f"{row.gpu_utilization:.0%}",
-                memory,
-                _number(row.power_watts, ".0f"),
-                _number(row.step, ".0f"),
-                _number(row.samples_per_second, ".1f"),
-                _number(row.loss, ".4g"),
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
-
-
-def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
-    return [asdict(row) for row in rows]
 
 
 # --- a job past a screen of ranks: summary, spread, worst ranks ---------------------------------------------------
@@ -487,81 +444,10 @@ def summary_from_rows(job: str, rows: list[Row], *, worst: int = 5) -> Summary:
     return out
 
 
-def format_summary(summary: Summary) -> str:
-    def number(value: float | None, fmt: str) -> str:
-        return _number(value, fmt)
-
-    head = (
-        f"job {summary.job}: {summary.ranks} ranks, step {number(summary.step, '.0f')}, "
-        f"{number(summary.samples_per_second, '.1f')} samples/s"
-        + (f", MFU {summary.mfu:.0%}" if summary.mfu is not None else "")
-        + (
-            f", GPU memory {_gib(summary.memory_used_bytes)} GiB"
-            if summary.memory_used_bytes is not None
-            else ""
-        )
-    )
-    lines = [head, ""]
-    rows: list[tuple[str, ...]] = [("", "MIN", "MEDIAN", "MAX")]
-    labels = {name: label for name, label, _ in SPREAD}
-    for name, spread in summary.spread.items():
-        if spread.max is None:
-            continue
-        if name == "gpu_utilization":
-            cells = [f"{v:.0%}" if v is not None else "-" for v in (spread.min, spread.median, spread.max)]
-        elif name == "memory_used_bytes":
-            cells = [_gib(v) for v in (spread.min, spread.median, spread.max)]
-        else:
-            cells = [_number(v, ".3f") for v in (spread.min, spread.median, spread.max)]
-        rows.append((labels.get(name, name), *cells))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    for title, ranked in (
-        ("slowest to the gradient reduction (stragglers hold every other rank)", summary.slowest),
-        ("longest since their last step", summary.stopped),
-    ):
-        if not ranked:
-            continue
-        lines += ["", title + ":"]
-        table = [("RANK", "NODE", "POD", "HOST", "SECONDS")] + [
-            (r.rank, r.node_rank or "-", r.pod or "-", r.hostname or "-", f"{r.value:.3f}") for r in ranked
-        ]
-        widths = [max(len(t[i]) for t in table) for i in range(5)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip() for t in table]
-    lines += ["", f"(every rank: orch top {summary.job} --all)"]
-    return "\n".join(lines)
-
-
-def summary_json(summary: Summary) -> dict[str, Any]:
-    return asdict(summary)
-
-
 # --- the straggler, for `orch status` ---------------------------------------------------------------------------
 
 STRAGGLER_RATIO = 2.0  # as the OrchStraggler alert: over twice the job's median time to the reduction...
 STRAGGLER_MARGIN = 0.05  # ...and 50 ms more
-
-
-@dataclass
-class Straggler:
-    rank: str
-    node_rank: str
-    pod: str
-    hostname: str
-    seconds: float
-    median_seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self, job: str) -> str:
-        where = ", ".join(p for p in (f"pod {self.pod}" if self.pod else "", f"host {self.hostname}"
-                                     if self.hostname else "") if p)  # fmt: skip
-        return (
-            f"straggler: rank {self.rank}" + (f" ({where})" if where else "") + f" takes {self.seconds:.3f}s "
-            f"per step to reach the gradient reduction, the job's median {self.median_seconds:.3f}s: every "
-            f"other rank waits for it (orch top {job})"
-        )
 
 
 def find_straggler(
@@ -571,7 +457,7 @@ def find_straggler(
     base: str | None = None,
     timeout: float = 3.0,
     at: float | None = None,
-) -> Straggler | None:
+) -> status.Straggler | None:
     """The rank far behind the job's median (the alert's rule, on the last values), from the Prometheus that
     `orch top` reads; None when there is none, no Prometheus is configured, or it does not answer."""
     try:
@@ -599,4 +485,86 @@ def find_straggler(
     if value <= STRAGGLER_RATIO * middle or value - middle <= STRAGGLER_MARGIN:
         return None
     ranked = _ranked(labels, value)
-    return Straggler(ranked.rank, ranked.node_rank, ranked.pod, ranked.hostname, value, middle)
+    return status.Straggler(ranked.rank, ranked.node_rank, ranked.pod, ranked.hostname, value, middle)
+
+
+# --- `orch top`: one job's metrics, read again and again ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading of a job's metrics: a row per rank (and per GPU no rank claims), and its summary."""
+
+    job: str
+    rows: list[Row]
+    summary: Summary | None  # past TABLE_RANKS ranks, or when asked for; None: not read
+
+    @property
+    def ranks(self) -> int:
+        return len([r for r in self.rows if r.rank is not None])
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `orch top -o json` prints it."""
+        summary = asdict(self.summary) if self.summary else None
+        return {"job": self.job, "summary": summary, "rows": [asdict(row) for row in self.rows]}
+
+
+class Metrics:
+    """Where `orch top` reads job `job`'s metrics: the `exporters` (their /metrics URLs: a run on this
+    machine, or one per node), else Prometheus at `prometheus` (else $ORCH_PROMETHEUS_URL, else
+    `prometheus_url` in orch's config file), its series filtered by `namespace`. UsageError when both or
+    neither are given. `worst`: how many of the slowest and longest-stopped ranks a summary names."""
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        prometheus: str | None = None,
+        exporters: Sequence[str] = (),
+        namespace: str | None = None,
+        worst: int = 5,
+    ) -> None:
+        self.job, self.namespace, self.worst = job, namespace, worst
+        self.exporters = list(exporters)
+        self.prometheus = None
+        if self.exporters:
+            if prometheus:
+                raise UsageError("use either --prometheus or --local/--exporter, not both")
+        else:
+            self.prometheus = prometheus_url(prometheus)
+            if self.prometheus is None:
+                raise UsageError(
+                    "no Prometheus URL: pass --prometheus URL, set ORCH_PROMETHEUS_URL or prometheus_url in "
+                    f"{config_path()}; or --local for a run on this machine"
+                )
+        self._previous: tuple[float, _Series] | None = None  # the exporters' last scrape, for samples/s
+
+    @property
+    def source(self) -> str:
+        """Where it reads, as `orch top` names it."""
+        return self.prometheus or ", ".join(self.exporters)
+
+    def snapshot(self, *, summary: bool = True, interval: float = 1.0) -> Snapshot:
+        """The job's metrics now, with its summary; with `summary=False` only past TABLE_RANKS ranks, where
+        `orch top` shows it instead of the rows (from Prometheus it costs a few dozen queries, from exporters
+        nothing). From exporters, samples/s is the rate since the last snapshot; the first one scrapes twice,
+        `interval` seconds apart."""
+        if self.prometheus is not None:
+            rows = from_prometheus(self.prometheus, self.job, namespace=self.namespace)
+            wanted = summary or len([r for r in rows if r.rank is not None]) > TABLE_RANKS
+            found = (
+                summary_from_prometheus(self.prometheus, self.job, namespace=self.namespace, worst=self.worst)
+                if wanted
+                else None
+            )
+            return Snapshot(self.job, rows, found)
+        rows, self._previous = from_exporters(
+            self.exporters, self.job, previous=self._previous, interval=interval
+        )
+        return Snapshot(self.job, rows, summary_from_rows(self.job, rows, worst=self.worst))
+
+    def follow(self, interval: float = 2.0, *, summary: bool = True) -> Iterator[Snapshot]:
+        """A snapshot every `interval` seconds for as long as the caller iterates (`orch top`'s refresh)."""
+        while True:
+            yield self.snapshot(summary=summary, interval=min(interval, 1.0))
+            time.sleep(interval)

@@ -178,3 +178,12 @@ def test_no_module_outside_apis_imports_an_api_module():
         if not within(name, ("orchestrator.apis",)) and targets & api_modules
     }
     assert importers == set()
+
+
+def test_kubernetes_objects_as_data_stand_on_naming_alone():
+    """orchestrator/kube/ (the kinds, the readers of a server's JSON) is the floor apis/, status and cluster/
+    stand on: it imports nothing of orch's but naming."""
+    floor = {name for name in GRAPH if within(name, ("orchestrator.kube",))}
+    assert floor >= {"orchestrator.kube.kinds", "orchestrator.kube.read"}
+    above = {target for name in floor for target in GRAPH[name]} - floor - {"orchestrator.naming"}
+    assert above == set()

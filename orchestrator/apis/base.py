@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.resources import Resource
+from orchestrator.kube.kinds import Resource
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import naming, status
 from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
 from orchestrator.apis.registry import REGISTRY
+from orchestrator.kube import read
+from orchestrator.kube.kinds import CONFIGMAP, PODMONITOR, Resource
 from orchestrator.rendering import pod, scheduling, templates
-from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
@@ -125,17 +126,17 @@ class PyTorchJobAPI:
         return status.phase_by_precedence(job, PHASE_PRECEDENCE)
 
     def phase_condition(self, job: dict[str, Any], pods: Sequence[Any] = ()) -> dict[str, Any]:
-        return status.true_condition(job, self.phase(job))
+        return read.true_condition(job, self.phase(job))
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
-        counts = status.dig(job, "status", "replicaStatuses")
+        counts = read.dig(job, "status", "replicaStatuses")
         counts = counts if isinstance(counts, dict) else {}
         return {str(role): status.replica_counts(c) for role, c in sorted(counts.items())}
 
     def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
-        labels = status.dig(pod, "metadata", "labels")
-        role = status.text(status.dig(labels, LABEL_REPLICA_TYPE)) or "?"
-        return role, status.to_int(status.dig(labels, LABEL_REPLICA_INDEX))
+        labels = read.dig(pod, "metadata", "labels")
+        role = read.text(read.dig(labels, LABEL_REPLICA_TYPE)) or "?"
+        return role, read.to_int(read.dig(labels, LABEL_REPLICA_INDEX))
 
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
         """Master + Workers (static rendezvous): the operator's PET_NODE_RANK, master 0 and worker i i+1.
@@ -145,10 +146,10 @@ class PyTorchJobAPI:
         (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py: `enumerate(sorted(state.participants))`),
         so worker-10 is rank 2 of 12. This assumes every Worker replica joined the round (min = max, as
         restart.policy job renders it); with fewer, ranks follow the sorted names of those that did."""
-        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
-        if status.dig(replica_specs, "Master") is not None:
+        replica_specs = read.dig(job, "spec", "pytorchReplicaSpecs")
+        if read.dig(replica_specs, "Master") is not None:
             return 0 if role == "master" else index + 1
-        workers = status.to_int(status.dig(replica_specs, "Worker", "replicas"))
+        workers = read.to_int(read.dig(replica_specs, "Worker", "replicas"))
         if not 0 <= index < workers <= MAX_SORTED_WORKERS:
             return index  # not a replica of the spec (or a spec no cluster runs): nothing to sort
         return sorted(range(workers), key=str).index(index)  # NAME-worker-I sorts as str(I) does
@@ -159,14 +160,14 @@ class PyTorchJobAPI:
 
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """Master + Worker replicas, and the `pytorch` container's GPUs."""
-        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        replica_specs = read.dig(job, "spec", "pytorchReplicaSpecs")
         specs = (
             [r for r in replica_specs.values() if isinstance(r, dict)]
             if isinstance(replica_specs, dict)
             else []
         )
-        nodes = sum(status.to_int(r.get("replicas")) for r in specs)
-        gpus = max((status.template_gpus(r.get("template"), self.container) for r in specs), default=0)
+        nodes = sum(read.to_int(r.get("replicas")) for r in specs)
+        gpus = max((read.template_gpus(r.get("template"), self.container) for r in specs), default=0)
         return nodes, gpus
 
     def setup_checks(self, found: dict[str, Any]) -> list[SetupCheck]:
@@ -174,19 +175,19 @@ class PyTorchJobAPI:
 
     def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Each replica's template (Master, Worker)."""
-        replica_specs = status.dig(job, "spec", "pytorchReplicaSpecs")
+        replica_specs = read.dig(job, "spec", "pytorchReplicaSpecs")
         replicas = replica_specs.values() if isinstance(replica_specs, dict) else []
         return [
             r["template"] for r in replicas if isinstance(r, dict) and isinstance(r.get("template"), dict)
         ]
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
-        names = {status.text(status.dig(p, "metadata", "name")) for p in pods}
-        return {status.text(status.dig(job, "metadata", "name"))} | names
+        names = {read.text(read.dig(p, "metadata", "name")) for p in pods}
+        return {read.text(read.dig(job, "metadata", "name"))} | names
 
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """The operator restarts pods, not the job: the most any pod's `pytorch` container restarted."""
-        return max((status.restart_count(p, self.container) for p in pods), default=0)
+        return max((read.restart_count(p, self.container) for p in pods), default=0)
 
 
 API: JobAPI = PyTorchJobAPI()

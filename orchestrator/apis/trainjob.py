@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import naming, status
 from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
 from orchestrator.apis.registry import REGISTRY
+from orchestrator.kube import read
+from orchestrator.kube.kinds import CONFIGMAP, JOBSET, PODMONITOR, Resource
 from orchestrator.rendering import pod, scheduling, templates
-from orchestrator.resources import CONFIGMAP, JOBSET, PODMONITOR, Resource
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
@@ -126,13 +127,13 @@ FEATURES_MISSING = {
 def feature_level(crd: dict[str, Any]) -> str | None:
     """The Trainer release whose TrainJob fields the CRD's schema has ("v2.0" ... "v2.3"; later releases read
     as "v2.3"), from the fields that came with each (trainjob_types.go at each tag); None if unreadable."""
-    versions = status.objects(status.dig(crd, "spec", "versions"))
+    versions = read.objects(read.dig(crd, "spec", "versions"))
     served = next((v for v in versions if v.get("name") == VERSION), None)
-    spec = status.dig(served, "schema", "openAPIV3Schema", "properties", "spec", "properties")
+    spec = read.dig(served, "schema", "openAPIV3Schema", "properties", "spec", "properties")
     if not isinstance(spec, dict):
         return None
     if "runtimePatches" in spec:
-        pod = status.dig(
+        pod = read.dig(
             spec, "runtimePatches", "items", "properties", "trainingRuntimeSpec", "properties", "template",
             "properties", "spec", "properties", "replicatedJobs", "items", "properties", "template",
             "properties", "spec", "properties", "template", "properties", "spec", "properties",
@@ -244,25 +245,21 @@ class TrainJobAPI:
         if decided == status.UNKNOWN:
             return {"type": status.UNKNOWN}
         if decided != status.PENDING:
-            return {**status.true_condition(job, decided), "type": ORCH_PHASE.get(decided, decided)}
-        children = status.objects(status.dig(job, "status", "jobsStatus"))
-        total = {
-            key: sum(status.to_int(c.get(key)) for c in children) for key in ("ready", "active", "failed")
-        }
+            return {**read.true_condition(job, decided), "type": ORCH_PHASE.get(decided, decided)}
+        children = read.objects(read.dig(job, "status", "jobsStatus"))
+        total = {key: sum(read.to_int(c.get(key)) for c in children) for key in ("ready", "active", "failed")}
         attempt = self.restarts(job, list(pods))
-        running = [p for p in pods if status.container_running(p, self.container)]
-        crashing = [
-            p for p in pods if status.container_waiting_reason(p, self.container) == "CrashLoopBackOff"
-        ]
+        running = [p for p in pods if read.container_running(p, self.container)]
+        crashing = [p for p in pods if read.container_waiting_reason(p, self.container) == "CrashLoopBackOff"]
         if total["failed"]:
-            failed = ", ".join(status.text(c.get("name")) for c in children if status.to_int(c.get("failed")))
+            failed = ", ".join(read.text(c.get("name")) for c in children if read.to_int(c.get("failed")))
             return condition(
                 "Restarting", "JobFailed", f"child Job {failed} failed; JobSet is recreating every pod"
             )
         if crashing:
             crashed = crashing[0]
-            restarts = status.restart_count(crashed, self.container)
-            name = status.text(status.dig(crashed, "metadata", "name"))
+            restarts = read.restart_count(crashed, self.container)
+            name = read.text(read.dig(crashed, "metadata", "name"))
             return condition("Restarting", "CrashLoopBackOff", f"pod {name} restarted {restarts} times")
         after = f" (after {attempt} whole-job restart{'s' * (attempt != 1)})" if attempt else ""
         if total["ready"]:
@@ -277,15 +274,15 @@ class TrainJobAPI:
 
     def replicas(self, job: dict[str, Any]) -> dict[str, dict[str, int]]:
         """Per replicated job, its child Jobs (not pods: that is what the TrainJob counts)."""
-        children = status.objects(status.dig(job, "status", "jobsStatus"))
-        return {status.text(c.get("name")) or "?": status.replica_counts(c) for c in children}
+        children = read.objects(read.dig(job, "status", "jobsStatus"))
+        return {read.text(c.get("name")) or "?": status.replica_counts(c) for c in children}
 
     def pod_role(self, pod: dict[str, Any]) -> tuple[str, int]:
-        index = status.dig(pod, "metadata", "labels", LABEL_COMPLETION_INDEX)
+        index = read.dig(pod, "metadata", "labels", LABEL_COMPLETION_INDEX)
         if index is None:
-            index = status.dig(pod, "metadata", "annotations", LABEL_COMPLETION_INDEX)
-        role = status.text(status.dig(pod, "metadata", "labels", LABEL_REPLICATED_JOB)) or "?"
-        return role, status.to_int(index)
+            index = read.dig(pod, "metadata", "annotations", LABEL_COMPLETION_INDEX)
+        role = read.text(read.dig(pod, "metadata", "labels", LABEL_REPLICATED_JOB)) or "?"
+        return role, read.to_int(index)
 
     def node_rank(self, job: dict[str, Any], role: str, index: int) -> int:
         return index  # PET_NODE_RANK is the Job completion index of the "node" pods
@@ -296,9 +293,9 @@ class TrainJobAPI:
 
     def nodes_and_gpus(self, job: dict[str, Any]) -> tuple[int, int]:
         """From `spec.trainer` (numNodes, resourcesPerNode); 0 where the runtime alone decides."""
-        trainer = status.dig(job, "spec", "trainer")
-        gpus = status.dig(trainer, "resourcesPerNode", "limits", status.GPU_RESOURCE)
-        return status.to_int(status.dig(trainer, "numNodes")), status.to_int(gpus)
+        trainer = read.dig(job, "spec", "trainer")
+        gpus = read.dig(trainer, "resourcesPerNode", "limits", naming.GPU_RESOURCE)
+        return read.to_int(read.dig(trainer, "numNodes")), read.to_int(gpus)
 
     def pod_templates(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         """None in the TrainJob: its pod template is the runtime's."""
@@ -306,17 +303,17 @@ class TrainJobAPI:
 
     def related_names(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> set[str]:
         """The TrainJob and its JobSet (same name), the child Jobs (<jobset>-<replicated job>-<index>), the pods."""
-        name = status.text(status.dig(job, "metadata", "name"))
-        children = status.objects(status.dig(job, "status", "jobsStatus"))
+        name = read.text(read.dig(job, "metadata", "name"))
+        children = read.objects(read.dig(job, "status", "jobsStatus"))
         names = (
             {name}
-            | {f"{name}-{status.text(c.get('name')) or TRAINER_NODE}-0" for c in children}
+            | {f"{name}-{read.text(c.get('name')) or TRAINER_NODE}-0" for c in children}
             | {f"{name}-{TRAINER_NODE}-0"}
         )
         for p in pods:
-            names.add(status.text(status.dig(p, "metadata", "name")))
-            replicated = status.text(status.dig(p, "metadata", "labels", LABEL_REPLICATED_JOB))
-            index = status.text(status.dig(p, "metadata", "labels", LABEL_JOB_INDEX))
+            names.add(read.text(read.dig(p, "metadata", "name")))
+            replicated = read.text(read.dig(p, "metadata", "labels", LABEL_REPLICATED_JOB))
+            index = read.text(read.dig(p, "metadata", "labels", LABEL_JOB_INDEX))
             if replicated and index:
                 names.add(f"{name}-{replicated}-{index}")
         return names
@@ -324,7 +321,7 @@ class TrainJobAPI:
     def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """How many times JobSet recreated every pod (its restart attempt, on each pod)."""
         return max(
-            (status.to_int(status.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
+            (read.to_int(read.dig(p, "metadata", "labels", LABEL_RESTART_ATTEMPT)) for p in pods),
             default=0,
         )  # fmt: skip
 

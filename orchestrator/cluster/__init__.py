@@ -7,7 +7,7 @@ logs, wait, delete) for a token or client-certificate kubeconfig: they send thro
 api_client, ...)`), so tests point it at an API emulator over real HTTP.
 
 - `errors`: the `ClusterError` family every failed request becomes.
-  (What each job API reads from its objects is in orchestrator/apis/; the kinds in orchestrator/resources.py.)
+  (What each job API reads from its objects is in orchestrator/apis/; the kinds in orchestrator/kube/kinds.py.)
 - `client`: `Cluster`, one namespace of one cluster; one method = one request, retried and translated.
 - `rest`: the API's paths, sent through one of two transports (the official `ApiClient`, or urllib3).
 - `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
@@ -45,7 +45,7 @@ from orchestrator.cluster.objects import (
     submit,
     submittable,
 )
-from orchestrator.resources import Resource
+from orchestrator.kube.kinds import Resource
 
 __all__ = [
     "AlreadyExists",

@@ -15,11 +15,11 @@ deadline.
 
 Creates are sent with `fieldValidation=Strict`: a field the cluster's CRD does not know (an older operator
 version) is an error (`UnknownFields`, naming the fields) instead of being dropped silently. Reads ask for the raw JSON (`_preload_content=False`)
-so every object stays a plain dict, the shape `orch render` prints and `orchestrator.status` reads.
+so every object stays a plain dict, the shape `orch render` prints and `orchestrator.kube.read` reads.
 
 What the server answers is checked at this edge: an answer that is not a JSON object (an HTML login page
 with 200, a list where an object belongs, list items that are not objects) is a `ClusterError`, never a
-traceback further up. Parsing the objects' fields is `orchestrator.status`'s job, and total.
+traceback further up. Parsing the objects' fields is `orchestrator.kube.read`'s job, and total.
 
 Deadline: talking to the API server is bounded by `request_timeout` seconds (`--request-timeout`,
 $ORCH_REQUEST_TIMEOUT, default 60; 0 = no limit), retries and backoff included. By default the bound covers
@@ -57,8 +57,7 @@ from orchestrator.cluster.errors import (
     Unauthorized,
     UnknownFields,
 )
-from orchestrator.redaction import redact_url, scrub
-from orchestrator.resources import (
+from orchestrator.kube.kinds import (
     CONFIGMAP,
     CRD,
     EVENT,
@@ -69,6 +68,7 @@ from orchestrator.resources import (
     VERSION,
     Resource,
 )
+from orchestrator.redaction import redact_url, scrub
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -11,7 +11,8 @@ from orchestrator import naming, status
 from orchestrator.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
-from orchestrator.resources import (
+from orchestrator.kube import read
+from orchestrator.kube.kinds import (
     EVENT,
     KUEUE_LOCAL_QUEUES,
     KUEUE_WORKLOADS,
@@ -32,11 +33,11 @@ class Job:
 
     @property
     def name(self) -> str:
-        return status.text(status.dig(self.obj, "metadata", "name"))
+        return read.text(read.dig(self.obj, "metadata", "name"))
 
     @property
     def namespace(self) -> str:
-        return status.text(status.dig(self.obj, "metadata", "namespace"))
+        return read.text(read.dig(self.obj, "metadata", "namespace"))
 
     @property
     def phase(self) -> str:
@@ -88,7 +89,7 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     job = locate(cluster, name)
     pods = job_pods(cluster, job)
     mine = job.api.related_names(job.obj, pods)
-    events = [e for e in cluster.list(EVENT) if status.text(status.dig(e, "involvedObject", "name")) in mine]
+    events = [e for e in cluster.list(EVENT) if read.text(read.dig(e, "involvedObject", "name")) in mine]
     waiting = why_waiting(cluster, job, pods) if job.api.phase(job.obj, pods) not in status.FINISHED else {}
     return status.job_status(job.api, job.obj, pods, events, waiting=waiting)
 
@@ -98,15 +99,15 @@ def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[
     kueue.x-k8s.io/job-uid Kueue puts on it, pkg/controller/constants) and LocalQueue for a job with a queue
     label; Volcano's PodGroup (named like the job by the v1 operator and Trainer v2's volcano plugin) for a
     job whose pods Volcano schedules. {} when there is none, or the user may not read it."""
-    queue = status.text(status.dig(job.obj, "metadata", "labels", naming.LABEL_KUEUE_QUEUE))
+    queue = read.text(read.dig(job.obj, "metadata", "labels", naming.LABEL_KUEUE_QUEUE))
     if queue:
-        uid = status.text(status.dig(job.obj, "metadata", "uid"))
+        uid = read.text(read.dig(job.obj, "metadata", "uid"))
         workloads = _readable(
             lambda r: cluster.list(r, selector=f"{naming.LABEL_KUEUE_JOB_UID}={uid}"), KUEUE_WORKLOADS
         )
         local_queue = _readable(lambda r: [cluster.get(r, queue)], KUEUE_LOCAL_QUEUES) or [{}]
         return status.kueue_waiting(queue, workloads or [], local_queue[0])
-    volcano_pods = any(status.dig(p, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for p in pods)
+    volcano_pods = any(read.dig(p, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for p in pods)
     if volcano_pods or _volcano_job(job):
         podgroup = _readable(lambda r: [cluster.get(r, job.name)], (VOLCANO_PODGROUP,))
         return status.podgroup_waiting(podgroup[0]) if podgroup else {}
@@ -116,17 +117,17 @@ def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[
 def _volcano_job(job: Job) -> bool:
     """A job whose own pod templates name Volcano (its pods may not exist yet)."""
     templates = job.api.pod_templates(job.obj)
-    return any(status.dig(t, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for t in templates)
+    return any(read.dig(t, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for t in templates)
 
 
 def _readable(
-    read: Callable[[Resource], list[dict[str, Any]]], versions: tuple[Resource, ...]
+    fetch: Callable[[Resource], list[dict[str, Any]]], versions: tuple[Resource, ...]
 ) -> list[dict[str, Any]] | None:
     """The answer of the first of `versions` the cluster serves; None when none is served or the user may not
     read it (a Role without Kueue's or Volcano's kinds: the status is still shown)."""
     for resource in versions:
         try:
-            return read(resource)
+            return fetch(resource)
         except NotFound:
             continue
         except Forbidden:
@@ -207,7 +208,7 @@ def delete_companions(cluster: Cluster, job: Job) -> None:
     created goes with it anyway."""
     selector = f"{naming.job_selector(job.name)},{naming.MANAGED_SELECTOR}"
     submission = _submission(job.obj)
-    uid = status.dig(job.obj, "metadata", "uid")
+    uid = read.dig(job.obj, "metadata", "uid")
     for resource in job.api.owned:
         try:
             found = cluster.list(resource, selector=selector)
@@ -219,10 +220,10 @@ def delete_companions(cluster: Cluster, job: Job) -> None:
             job.unchecked.append(f"{resource}: {e}")
             continue
         for obj in found:
-            owners = status.objects(status.dig(obj, "metadata", "ownerReferences"))
+            owners = read.objects(read.dig(obj, "metadata", "ownerReferences"))
             if _submission(obj) != submission or any(o.get("uid") == uid for o in owners):
                 continue
-            name = status.text(status.dig(obj, "metadata", "name"))
+            name = read.text(read.dig(obj, "metadata", "name"))
             try:
                 cluster.delete(resource, name)
             except NotFound:
@@ -231,7 +232,7 @@ def delete_companions(cluster: Cluster, job: Job) -> None:
 
 
 def _submission(obj: dict[str, Any]) -> str | None:
-    value = status.dig(obj, "metadata", "annotations", naming.ANNOTATION_SUBMISSION)
+    value = read.dig(obj, "metadata", "annotations", naming.ANNOTATION_SUBMISSION)
     return value if isinstance(value, str) else None
 
 

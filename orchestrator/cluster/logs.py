@@ -28,7 +28,8 @@ from orchestrator import status
 from orchestrator.cluster import jobs
 from orchestrator.cluster.client import Cluster, poll_seconds
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.resources import POD
+from orchestrator.kube import read
+from orchestrator.kube.kinds import POD
 
 Emit = Callable[[str, str], None]  # (label, line)
 Notice = Callable[[str], None]
@@ -100,13 +101,13 @@ class Selection:
 
 def troubled(pod: dict[str, Any], container: str) -> bool:
     """A pod worth reading although not asked for: it failed, its container restarted or ended in error."""
-    if status.text(status.dig(pod, "status", "phase")) == "Failed":
+    if read.text(read.dig(pod, "status", "phase")) == "Failed":
         return True
-    found = status.container_status(pod, container)
-    if status.to_int(found.get("restartCount")) > 0:
+    found = read.container_status(pod, container)
+    if read.to_int(found.get("restartCount")) > 0:
         return True
     for state in ("state", "lastState"):
-        code = status.dig(found, state, "terminated", "exitCode")
+        code = read.dig(found, state, "terminated", "exitCode")
         if isinstance(code, int) and code != 0:
             return True
     return False
@@ -165,9 +166,9 @@ def stream_logs(
     elif not selection.explicit and len(pods) < len(every_pod):
         notice(_rest_hint(job, len(pods), len(every_pod), "rank 0 and pods that failed or restarted"))
 
-    def read(p: dict[str, Any]) -> tuple[status.PodSummary, list[str]]:
+    def logged(p: dict[str, Any]) -> tuple[status.PodSummary, list[str]]:
         summary = status.pod_summary(job.api, p)
-        if not status.container_started(p, job.api.container):
+        if not read.container_started(p, job.api.container):
             return summary, []
         lines = cluster.log_lines(summary.name, container=job.api.container, tail=tail,
                                   since_seconds=since_seconds)  # fmt: skip
@@ -175,8 +176,8 @@ def stream_logs(
 
     # `max_requests` streams at once; each pod's lines are printed whole and together, in display order.
     with ThreadPoolExecutor(max_workers=max(1, max_requests), thread_name_prefix="orch-logs") as pool:
-        for p, (summary, lines) in zip(pods, pool.map(read, pods), strict=True):
-            if not status.container_started(p, job.api.container):
+        for p, (summary, lines) in zip(pods, pool.map(logged, pods), strict=True):
+            if not read.container_started(p, job.api.container):
                 notice(f"[{summary.label}] {summary.name} has not started yet ({summary.phase})")
             for line in lines:
                 emit(summary.label, line)
@@ -283,9 +284,9 @@ class LogFollower:
                         self.pods = listed
                         self._synced()
                     elif change == "DELETED":
-                        self.pods.pop(status.text(status.dig(pod, "metadata", "name")), None)
+                        self.pods.pop(read.text(read.dig(pod, "metadata", "name")), None)
                     else:
-                        self.pods[status.text(status.dig(pod, "metadata", "name"))] = pod
+                        self.pods[read.text(read.dig(pod, "metadata", "name"))] = pod
                         self.consider(pod)
             if time.monotonic() >= next_tick:
                 self.tick()  # no requests: the cached pods, for readers that ended
@@ -338,9 +339,9 @@ class LogFollower:
             return
         container = self.job.api.container
         summary = status.pod_summary(self.job.api, p)
-        key = (status.text(status.dig(p, "metadata", "uid")), summary.restarts)
+        key = (read.text(read.dig(p, "metadata", "uid")), summary.restarts)
         current = self.readers.get(summary.name)
-        if not status.container_started(p, container):
+        if not read.container_started(p, container):
             if summary.name not in self.waiting_noted:
                 self.notice(f"[{summary.label}] waiting for {summary.name} to start ({summary.phase})")
                 self.waiting_noted.add(summary.name)
@@ -357,7 +358,7 @@ class LogFollower:
                 self.start(summary, key)  # a new container instance, or a recreated pod
             elif isinstance(current.error, Forbidden):
                 raise current.error  # retrying cannot help: say so instead of showing nothing
-            elif current.error is not None or status.container_running(p, container):
+            elif current.error is not None or read.container_running(p, container):
                 self.start(summary, key, resume_after=current.last_timestamp)  # the stream broke
 
     def _streams_open(self) -> int:
@@ -422,5 +423,5 @@ def _stamp_key(timestamp: str) -> tuple[str, float]:
 
 def _epoch(timestamp: str) -> float:
     whole, fraction = _stamp_key(timestamp)
-    parsed = status.parse_time(whole + "+00:00")
+    parsed = read.parse_time(whole + "+00:00")
     return parsed.timestamp() + fraction if parsed else time.time()

@@ -37,7 +37,7 @@ from orchestrator.cluster.errors import (
     OperatorNotInstalled,
     UnknownFields,
 )
-from orchestrator.resources import CONFIGMAP, PODMONITOR, Resource
+from orchestrator.kube.kinds import CONFIGMAP, PODMONITOR, Resource
 
 
 def submittable() -> dict[str, Resource]:

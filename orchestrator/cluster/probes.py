@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator import naming, status
+from orchestrator import naming
 from orchestrator.apis import JobAPI, all_apis
 from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
-from orchestrator.resources import KUEUE_GROUP, PODMONITOR
+from orchestrator.kube import read
+from orchestrator.kube.kinds import KUEUE_GROUP, PODMONITOR
 
 GPU_RESOURCE = naming.GPU_RESOURCE
 GPU_PRODUCT_LABEL = naming.GPU_PRODUCT_LABEL
@@ -28,7 +29,7 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     groups = cluster.api_groups()
     facts: dict[str, Any] = {
         "server": cluster.server,
-        "version": status.text(cluster.server_version().get("gitVersion")) or None,
+        "version": read.text(cluster.server_version().get("gitVersion")) or None,
         "namespace": cluster.namespace,
         "apis": {},
         "kueue_versions": groups.get(KUEUE_GROUP, []),
@@ -53,9 +54,9 @@ def gather(cluster: Cluster) -> dict[str, Any]:
     try:
         facts["nodes"] = [
             {
-                "name": status.text(status.dig(n, "metadata", "name")),
-                "gpus": status.to_int(status.dig(n, "status", "allocatable", GPU_RESOURCE)),
-                "product": status.text(status.dig(n, "metadata", "labels", GPU_PRODUCT_LABEL)) or None,
+                "name": read.text(read.dig(n, "metadata", "name")),
+                "gpus": read.to_int(read.dig(n, "status", "allocatable", GPU_RESOURCE)),
+                "product": read.text(read.dig(n, "metadata", "labels", GPU_PRODUCT_LABEL)) or None,
             }
             for n in cluster.nodes()
         ]
@@ -79,7 +80,7 @@ def _setup(cluster: Cluster, api: JobAPI, groups: dict[str, list[str]]) -> dict[
         try:
             objects = cluster.list(resource, all_namespaces=True)
             found["lists"][resource.kind] = sorted(
-                status.text(status.dig(o, "metadata", "name")) for o in objects
+                read.text(read.dig(o, "metadata", "name")) for o in objects
             )
         except ClusterError as e:
             found["lists"][resource.kind] = None

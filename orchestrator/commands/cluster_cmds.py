@@ -1,7 +1,11 @@
 """`orch submit|status|list|logs|wait|delete`: run a job on the cluster kubectl points at, and follow it.
 
-Each command parses its flags, calls one function of the `orchestrator.cluster` package and prints. Only click
-and the stdlib are imported here; `kubernetes` comes in through `orchestrator.cluster`, inside the commands.
+Each command parses its flags (`--kubeconfig`, `--context`, `-n` and `--request-timeout` make the
+`orchestrator.api.Client`), loads the job file where it takes one, makes one call of that Client and prints
+what it returns (`status` and `list`: a table of commands/tables.py, or the same model as `-o json`); progress
+and warnings come back through the call's callbacks and go to stderr. At module level only click, the stdlib and
+the API registry (`--api`'s choices) are imported; the Client, and through it `orchestrator.cluster` and
+`kubernetes`, inside the commands.
 """
 
 from __future__ import annotations
@@ -218,17 +222,12 @@ def status(
       orch status digits-ddp
       orch status digits-ddp -n research -o json | jq .phase
     """
-    from orchestrator import status as job_state
-    from orchestrator import top
+    from orchestrator.commands import tables
 
     state = _client(kubeconfig, context, namespace).status(name)
-    # Where Prometheus is configured (as for `orch top`), the rank every other one waits for, if any.
-    straggler = top.find_straggler(name, namespace=state.namespace)
-    document = {**state.to_dict(), **({"straggler": straggler.to_dict()} if straggler else {})}
+    document = state.to_dict()
     if output == "table":
-        click.echo(job_state.format_status(state))
-        if straggler:
-            click.echo(straggler.line(name))
+        click.echo(tables.format_status(state))
     elif output == "json":
         click.echo(json.dumps(document, indent=2))
     else:
@@ -252,7 +251,7 @@ def list_jobs(
       orch list -A -o wide
       orch list -o json | jq -r '.[] | select(.phase == "Failed") | .name'
     """
-    from orchestrator import status as job_state
+    from orchestrator.commands import tables
 
     rows = _client(kubeconfig, context, namespace).list(all_namespaces=all_namespaces)
     if output == "json":
@@ -260,7 +259,7 @@ def list_jobs(
     elif not rows:
         _note("No orch jobs found." + ("" if all_namespaces else " (-A lists every namespace)"))
     else:
-        click.echo(job_state.format_list(rows, wide=output == "wide", all_namespaces=all_namespaces))
+        click.echo(tables.format_list(rows, wide=output == "wide", all_namespaces=all_namespaces))
 
 
 def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> frozenset[int] | None:

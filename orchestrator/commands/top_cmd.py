@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from orchestrator.commands.common import checked_job_name, checked_namespace, output_option
-
-if TYPE_CHECKING:
-    from orchestrator.top import Row, Summary
 
 
 @click.command()
@@ -85,63 +80,33 @@ def top(
       orch top digits-ddp --exporter http://10.0.0.5:9400/metrics -o json
     """
     import json
-    import time
 
-    from orchestrator import top as top_lib
-    from orchestrator.errors import UsageError
+    from orchestrator import api
+    from orchestrator.commands import tables
+    from orchestrator.top import TABLE_RANKS, Snapshot, TopError
 
-    urls = list(exporters) + ([top_lib.local_exporter_url(port, job=name)] if local else [])
-    base = None
-    if urls:
-        if prometheus:
-            raise UsageError("use either --prometheus or --local/--exporter, not both")
-    else:
-        base = top_lib.prometheus_url(prometheus)
-        if base is None:
-            raise UsageError(
-                "no Prometheus URL: pass --prometheus URL, set ORCH_PROMETHEUS_URL or prometheus_url in "
-                f"{top_lib.config_path()}; or --local for a run on this machine"
-            )
-
-    previous = None
-
-    def snapshot() -> tuple[list[Row], Summary | None]:
-        nonlocal previous
-        if base is not None:
-            rows = top_lib.from_prometheus(base, name, namespace=namespace)
-            big = output == "json" or len([r for r in rows if r.rank is not None]) > top_lib.TABLE_RANKS
-            summary = (
-                top_lib.summary_from_prometheus(base, name, namespace=namespace, worst=worst) if big else None
-            )
-            return rows, summary
-        rows, previous = top_lib.from_exporters(urls, name, previous=previous, interval=min(interval, 1.0))
-        return rows, top_lib.summary_from_rows(name, rows, worst=worst)
-
-    def view(rows: list[Row], summary: Summary | None) -> str:
-        if not rows:
-            return f"no metrics for job {name!r} yet"
-        ranks = len([r for r in rows if r.rank is not None])
-        if every or summary is None or ranks <= top_lib.TABLE_RANKS:
-            return top_lib.format_table(rows)
-        return top_lib.format_summary(summary)
-
+    metrics = api.top(name, prometheus=prometheus, namespace=namespace, exporters=exporters, local=local,
+                      port=port, worst=worst)  # fmt: skip
     if output == "json":
-        rows, summary = snapshot()
-        click.echo(json.dumps({"job": name, "summary": top_lib.summary_json(summary) if summary else None,
-                               "rows": top_lib.rows_json(rows)}, indent=2))  # fmt: skip
+        click.echo(json.dumps(metrics.snapshot(interval=min(interval, 1.0)).to_dict(), indent=2))
         return
+
+    def view(snapshot: Snapshot) -> str:
+        if not snapshot.rows:
+            return f"no metrics for job {name!r} yet"
+        if every or snapshot.summary is None or snapshot.ranks <= TABLE_RANKS:
+            return tables.format_top(snapshot.rows)
+        return tables.format_summary(snapshot.summary)
+
     try:
-        while True:
-            rows, summary = snapshot()
-            if once and not rows:  # nothing of this job there: not a success (#24)
-                raise top_lib.TopError(f"no metrics of job {name} at {base or ', '.join(urls)}")
-            table = view(rows, summary)
+        for snapshot in metrics.follow(interval, summary=False):
+            if once and not snapshot.rows:  # nothing of this job there: not a success (#24)
+                raise TopError(f"no metrics of job {name} at {metrics.source}")
             if once:
-                click.echo(table)
+                click.echo(view(snapshot))
                 return
             click.clear()
-            click.echo(f"orch top {name}  ({base or ', '.join(urls)}, every {interval:g}s, Ctrl-C to quit)\n")
-            click.echo(table)
-            time.sleep(interval)
+            click.echo(f"orch top {name}  ({metrics.source}, every {interval:g}s, Ctrl-C to quit)\n")
+            click.echo(view(snapshot))
     except KeyboardInterrupt:
         return

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from orchestrator import cluster
-from orchestrator.resources import POD
+from orchestrator.kube.kinds import POD
 from tests.cluster.test_trainjob import NS, submit
 from tests.fakes.cli import FAST, Env, write_kubeconfig
 from tests.fakes.emulator import TRAININGRUNTIMES, TRAINJOBS, runtime_webhook, serve

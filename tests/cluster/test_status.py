@@ -11,6 +11,7 @@ import pytest
 from orchestrator import status
 from orchestrator.apis.pytorchjob import API
 from orchestrator.commands.cluster_cmds import DURATION
+from orchestrator.kube import read
 from tests.fakes.kube import pod_object
 
 
@@ -69,7 +70,7 @@ def test_pod_summary_explains_the_pod():
         "Pending",
         "master-0",
     )
-    assert not status.container_started(pending, API.container)
+    assert not read.container_started(pending, API.container)
     terminating = pod_object("j-master-0", "j", "master", 0, state="running")
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert status.pod_summary(API, terminating).phase == "Terminating"

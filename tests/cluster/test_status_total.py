@@ -1,4 +1,4 @@
-"""`orchestrator.status` reads whatever a server sends: every function is total over JSON values.
+"""`orchestrator.status` (and orchestrator/kube/read.py under it) reads whatever a server sends: every function is total over JSON values.
 
 A realistic PyTorchJob, pod and event are mutated at random places (any node replaced by any JSON value,
 NaN, huge integers and timestamps without a zone included); reading them must never raise, and what comes
@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from orchestrator import status
 from orchestrator.apis import all_apis
+from orchestrator.commands import tables
+from orchestrator.kube import read
 
 JOB: dict[str, Any] = {
     "apiVersion": "kubeflow.org/v1",
@@ -130,20 +132,20 @@ def test_reading_any_job_pod_and_event_never_raises(api, job, pods, events):
         assert all(isinstance(n, int) for n in (counts.active, counts.succeeded, counts.failed))
     for pod in state.pods:
         assert isinstance(pod.name, str) and isinstance(pod.phase, str) and isinstance(pod.restarts, int)
-    assert isinstance(status.format_status(state), str)
+    assert isinstance(tables.format_status(state), str)
     json.dumps(state.to_dict())  # `-o json`
     yaml.safe_dump(state.to_dict())  # `-o yaml`
 
     row = status.list_row(api, job, NOW)
     assert row["phase"] in PHASES and isinstance(row["nodes"], int) and isinstance(row["gpus_per_node"], int)
-    assert isinstance(status.format_list([row], wide=True, all_namespaces=True), str)
+    assert isinstance(tables.format_list([row], wide=True, all_namespaces=True), str)
     json.dumps(row)
 
     for pod in pods:  # what `orch logs` reads of each pod
         summary = status.pod_summary(api, pod)
         assert isinstance(summary.label, str) and isinstance(summary.index, int)
-        assert isinstance(status.container_started(pod, api.container), bool)
-        assert isinstance(status.container_running(pod, api.container), bool)
+        assert isinstance(read.container_started(pod, api.container), bool)
+        assert isinstance(read.container_running(pod, api.container), bool)
         assert isinstance(api.node_rank(job, summary.role, summary.index), int)
     assert all(isinstance(n, str) for n in api.related_names("demo", pods))
 
@@ -153,7 +155,7 @@ def test_reading_any_job_pod_and_event_never_raises(api, job, pods, events):
 def test_any_json_value_as_a_whole_object(api, value):
     """The functions take anything a server can send, even where an object belongs."""
     assert api.phase(value) in PHASES
-    status.format_status(status.job_status(api, value, [value], [value]))
+    tables.format_status(status.job_status(api, value, [value], [value]))
     status.list_row(api, value, NOW)
     status.pod_summary(api, value)
 
@@ -177,7 +179,7 @@ def test_numbers_and_times_out_of_range(api):
         "status": {"replicaStatuses": {"Worker": {"active": math.nan, "failed": "2", "succeeded": 10**100}}},
     }
     assert status.age("2026-01-01T00:00:00", NOW) == "1h"
-    assert [status.to_int(v) for v in (1e400, "x", math.nan, "2", 10**100, True, -1, 3.0)] == [
+    assert [read.to_int(v) for v in (1e400, "x", math.nan, "2", 10**100, True, -1, 3.0)] == [
         0,
         0,
         0,

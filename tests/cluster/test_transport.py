@@ -17,7 +17,7 @@ import yaml
 from orchestrator import cluster
 from orchestrator.cluster.connection import Kubeconfig, lean_transport
 from orchestrator.cluster.rest import LeanTransport, OfficialTransport
-from orchestrator.resources import POD
+from orchestrator.kube.kinds import POD
 from tests.cluster.test_faults import one_error_line
 from tests.fakes.emulator import serve
 from tests.fakes.kube import Kube

@@ -109,12 +109,13 @@ class Prometheus:
 
 @pytest.fixture(scope="session")
 def live_prometheus(tmp_path_factory):
-    """Prometheus scraping two exporter ports every second: `targets["drive"]` and `targets["run"]`.
+    """Prometheus scraping three exporter ports every second: `targets["drive"]`, `targets["run"]` and
+    `targets["status"]`.
 
     honor_labels is on, as in the PodMonitor: the exporter's `job` label (the orch job) wins over the scrape job.
     """
     binary = require_tool("prometheus")
-    targets = {"drive": free_port(), "run": free_port()}
+    targets = {"drive": free_port(), "run": free_port(), "status": free_port()}
     config = {
         "scrape_configs": [
             {"job_name": name, "honor_labels": True, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}

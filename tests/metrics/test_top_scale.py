@@ -12,6 +12,7 @@ import time
 import pytest
 
 from orchestrator import top
+from orchestrator.commands import tables
 from tests.conftest import require_tool
 from tests.metrics.conftest import REPO, Prometheus
 from tests.metrics.test_top_answers import answering  # noqa: F401 (a fixture)
@@ -101,7 +102,7 @@ def test_summary_spread_and_worst_ranks_from_promql(big_job):
         "big-node-0-4-abcde",
     )
     assert len(summary.slowest) == 3 and summary.stopped[0].rank == str(STOPPED)
-    shown = top.format_summary(summary)
+    shown = tables.format_summary(summary)
     assert shown.startswith("job big: 64 ranks, step 390, ")
     assert "time to reduction (s)  0.200  0.201   0.900" in shown
     assert f"{STRAGGLER}    4     big-node-0-4-abcde  gpu-node-4  0.900" in shown
@@ -141,7 +142,7 @@ def test_status_names_the_straggler(big_job):
     prom, end = big_job
     found = top.find_straggler("big", base=prom.url, at=end)
     assert found is not None and (found.rank, found.hostname) == (str(STRAGGLER), "gpu-node-4")
-    assert found.line("big") == (
+    assert tables.straggler_line(found, "big") == (
         f"straggler: rank {STRAGGLER} (pod big-node-0-4-abcde, host gpu-node-4) takes 0.900s per step to reach "
         "the gradient reduction, the job's median 0.201s: every other rank waits for it (orch top big)"
     )

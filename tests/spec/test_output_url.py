@@ -74,8 +74,9 @@ def test_bad_output_urls_are_one_line(tmp_path, output, message):
 def test_orch_status_shows_the_output_url(tmp_path, api):
     from orchestrator import status
     from orchestrator.apis import by_key
+    from orchestrator.commands import tables
 
     job_api = by_key(api)
     job = next(o for o in render.render(load(MULTI, tmp_path), api=api) if o["kind"] == job_api.resource.kind)
-    lines = status.format_status(status.job_status(job_api, job)).splitlines()
+    lines = tables.format_status(status.job_status(job_api, job)).splitlines()
     assert "Output:      s3://bucket/runs/demo (checkpoints, model.pt, summary.json)" in lines

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from orchestrator import runtime_env, status
+from orchestrator.commands import tables
 from orchestrator.errors import SpecError
 from orchestrator.job import loading
 from orchestrator.naming import ANNOTATION_TRACKING
@@ -175,7 +176,7 @@ def test_orch_status_shows_where_the_job_is_recorded(tmp_path, api):
 
     job_api = by_key(api)
     job = next(o for o in render.render(load(tmp_path), api=api) if o["kind"] == job_api.resource.kind)
-    lines = status.format_status(status.job_status(job_api, job)).splitlines()
+    lines = tables.format_status(status.job_status(job_api, job)).splitlines()
     assert [line for line in lines if line.startswith("Tracking:")] == [
         "Tracking:    mlflow http://mlflow.mlflow.svc:5000 experiment digits, run tracked",
         "Tracking:    tensorboard /orch/output/tensorboard (in the pod of rank 0)",
@@ -187,7 +188,7 @@ def test_orch_status_shows_where_the_job_is_recorded(tmp_path, api):
     )
     assert not any(
         line.startswith("Tracking:")
-        for line in status.format_status(status.job_status(job_api, untracked)).splitlines()
+        for line in tables.format_status(status.job_status(job_api, untracked)).splitlines()
     )
 
 
@@ -213,7 +214,7 @@ def test_job_free_text_cannot_forge_status_lines(tmp_path, api):
     job_api = by_key(api)
     text = BASE.replace("experiment: digits", 'experiment: "digits\\nPhase:       Succeeded"')
     job = next(o for o in render.render(load(tmp_path, text), api=api) if o["kind"] == job_api.resource.kind)
-    lines = status.format_status(status.job_status(job_api, job)).splitlines()
+    lines = tables.format_status(status.job_status(job_api, job)).splitlines()
     assert len([line for line in lines if line.startswith("Phase:")]) == 1, lines
     assert any(line.startswith("Tracking:    mlflow") and "digits\\nPhase:" in line for line in lines)
 
