@@ -22,7 +22,7 @@ import pytest
 from orchestrator import api, cluster
 from orchestrator.cluster.rest import LeanTransport, OfficialTransport
 from orchestrator.errors import UsageError
-from orchestrator.resources import POD
+from orchestrator.kube.kinds import POD
 from tests.cluster.test_faults import one_error_line
 from tests.fakes.cli import FAST, run_orch, write_kubeconfig
 from tests.fakes.emulator import JOBS
