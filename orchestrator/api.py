@@ -433,10 +433,14 @@ def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback)
     if folder is None:
         return base
     if dry_run:
-        ref = images.image_ref(repository, workspace.tag(Path(folder), base))
-        notice(f"workspace {folder}: {len(workspace.files(folder))} files -> {ref} (FROM {base})")
+        selection, ref = workspace.plan_layer(Path(folder), base, repository)
+        for line in selection.notes():
+            notice(line)
+        notice(f"workspace {folder}: {len(selection.files)} files -> {ref} (FROM {base})")
         return ref
     layer = workspace.build_layer(folder, base, repository, tool=build.tool)
+    for line in layer.notes:
+        notice(line)
     state = "built" if layer.built else "unchanged, not rebuilt"
     notice(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
     return layer.ref

@@ -190,35 +190,19 @@ def _find_git_dir(start: Path) -> Path | None:
 # --- the content-hash tag ---------------------------------------------------------------------------
 
 
-def read_dockerignore(context: str) -> list[str]:
-    """Patterns of `<context>/.dockerignore`, parsed the way docker's own client reads them."""
-    path = os.path.join(context, ".dockerignore")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as handle:
-        lines = [line.strip() for line in handle.read().splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
+def context_files(context: str) -> list[str]:
+    """Relative paths of the regular files and symlinks a build would send, sorted: what `<context>/.dockerignore`
+    keeps, by Docker's rules (orchestrator/ignorefile.py, a port of the matcher docker's client uses). The
+    Dockerfile is hashed apart (context_tag), wherever it is."""
+    from orchestrator import ignorefile
 
-
-def context_files(context: str, dockerfile: str | None = None) -> list[str]:
-    """Relative paths of the regular files and symlinks a build would send, sorted.
-
-    Uses docker-py's port of the daemon's .dockerignore matcher (`!` exceptions, `**`, parent-dir
-    matches), so what we hash is what docker sends.
-    """
-    from docker.utils.build import exclude_paths  # the docker SDK is only needed here
-
-    relative_dockerfile = None
-    if dockerfile:
-        relative = os.path.relpath(os.path.abspath(dockerfile), os.path.abspath(context))
-        relative_dockerfile = None if relative.startswith("..") else relative
-    kept = exclude_paths(context, read_dockerignore(context), dockerfile=relative_dockerfile)
-    files = []
-    for relative in kept:
-        full = os.path.join(context, relative)
-        if os.path.islink(full) or os.path.isfile(full):
-            files.append(relative.replace(os.sep, "/"))
-    return sorted(files)
+    path = Path(context) / ".dockerignore"
+    try:
+        matcher = ignorefile.load(path) if path.is_file() else ignorefile.Matcher([])
+    except ignorefile.BadPattern as error:
+        raise UsageError(f"{error} (Docker's .dockerignore rules)") from None
+    return sorted(relative for relative, entry in ignorefile.walk(context, matcher)
+                  if entry.is_symlink() or entry.is_file())  # fmt: skip
 
 
 def context_tag(
@@ -238,7 +222,7 @@ def context_tag(
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
 
-    for relative in context_files(context, dockerfile):
+    for relative in context_files(context):
         full = os.path.join(context, relative)
         mode = os.lstat(full).st_mode
         if stat.S_ISLNK(mode):

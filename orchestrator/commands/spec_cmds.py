@@ -141,8 +141,11 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
     from orchestrator import workspace
 
     if (folder := workspace.resolve(spec, job_file)) is not None:
-        shipped = len(workspace.files(folder)) if folder.is_dir() else 0
+        selection = workspace.select(folder) if folder.is_dir() else None
+        shipped = len(selection.files) if selection else 0
         click.echo(f"  workspace: {folder} ({shipped} files; orch submit --build ships them over the image)")
+        for line in selection.notes() if selection else []:
+            click.echo(f"  {line}")
     return 0
 
 

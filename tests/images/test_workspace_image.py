@@ -47,7 +47,50 @@ def user_project(root: Path, image: str) -> Path:
     (root / ".venv" / "pyvenv.cfg").write_text("home = /usr\n")
     (root / "runs" / "ws-1").mkdir(parents=True)
     (root / "runs" / "ws-1" / "model.pt").write_text("old weights")
+    # #33: what must not reach a layer unless .orchignore names it (tests/images/test_workspace.py has each kind)
+    for secret in (".env", ".aws/credentials", ".kube/config", "mytasks/id_ed25519", "tls/server.key"):
+        (root / secret).parent.mkdir(parents=True, exist_ok=True)
+        (root / secret).write_text("SECRET-VALUE\n")
+    (root / "mytasks" / "notes.txt").write_text("-----BEGIN RSA PRIVATE KEY-----\nSECRET-VALUE\n")
+    (root / "mytasks" / "hosts").symlink_to("/etc/hosts")  # outside the workspace
     return root
+
+
+def test_a_layer_holds_no_secret_and_only_the_files_as_the_tag_hashed_them(
+    buildah_env, tmp_path, monkeypatch
+):
+    """#33, one real build FROM scratch (no RUN in the layer without requirements.txt, so no base is needed): the
+    layer's files are the workspace's code and nothing of its secrets, with the modes and owner the tag means."""
+    for key, value in buildah_env.items():
+        monkeypatch.setenv(key, value)
+    root = user_project(tmp_path / "project", "scratch")
+    (root / "mytasks" / "tiny.py").chmod(0o600)  # the layer holds 0644 whatever the checkout's mode
+    layer = workspace.build_layer(root, "scratch", "localhost/orch-ws-secrets", tool="buildah", push=False)
+    try:
+        with container(buildah_env, layer.ref) as name:
+            mounted = Path(buildah(buildah_env, "mount", name).strip())
+            try:
+                found = {
+                    str(p.relative_to(mounted)): (oct(p.lstat().st_mode & 0o7777), p.lstat().st_uid)
+                    for p in mounted.rglob("*")
+                }
+                held = b"".join(
+                    p.read_bytes() for p in mounted.rglob("*") if p.is_file() and not p.is_symlink()
+                )
+            finally:
+                buildah(buildah_env, "umount", name, check=False)
+        assert found == {
+            "orch": (oct(0o755), 10001),  # made by the COPY here; the trainer image has its own
+            "orch/workspace": (oct(0o755), 10001),
+            "orch/workspace/job.yaml": (oct(0o644), 10001),
+            "orch/workspace/mytasks": (oct(0o755), 10001),
+            "orch/workspace/mytasks/__init__.py": (oct(0o644), 10001),
+            "orch/workspace/mytasks/tiny.py": (oct(0o644), 10001),
+        }
+        assert b"SECRET-VALUE" not in held
+        assert len(layer.notes) == 2  # the secrets and the link out, each said in one line
+    finally:
+        buildah(buildah_env, "rmi", "--force", layer.ref, check=False)
 
 
 def layers(env: dict[str, str], ref: str) -> list[str]:
