@@ -41,13 +41,30 @@ def is_url(text: str | os.PathLike[str]) -> bool:
 
 
 def url_problem(text: str) -> str | None:
-    """None for a URL orch can write to, else what is wrong (one phrase)."""
+    """None for a URL orch can write to, else what is wrong (one phrase, the URL's credentials never in it).
+
+    A URL that carries credentials (`s3://KEY:SECRET@bucket`, a `?X-Amz-Signature=`/`?sig=` token) is refused:
+    the URL goes into the pods' env, the job's objects and `orch status`, where anyone who may read the job
+    would read them too."""
+    from orchestrator.redaction import redact
+
     match = URL.match(text)
     if match is None:
-        return f"{text!r} is not a URL (scheme://bucket/prefix)"
+        return f"{redact(text)!r} is not a URL (scheme://bucket/prefix)"
     scheme = match["scheme"].lower()
     if scheme not in SCHEMES:
         return f"scheme {scheme}:// is not supported (supported: {', '.join(s + '://' for s in SCHEMES)})"
+    if "@" in match["bucket"]:
+        return (
+            "carries credentials (user:password@ before the bucket), which would be written into the job's "
+            "objects and its run's records: give them to the pods as secret_env (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY; for orch run, the shell's environment)"
+        )
+    if "?" in text or "#" in text:
+        return (
+            "has a query string or fragment (? or #), where signed URLs and SAS tokens keep credentials: a "
+            "prefix cannot hold one; give credentials to the pods as secret_env"
+        )
     if not match["bucket"]:
         return f"{text!r} names no bucket ({scheme}://BUCKET/prefix)"
     return None

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator import runtime_env, storage
+from orchestrator import redaction, runtime_env, storage
 from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def plan(
     output_url = spec.output.url if spec.output is not None else None
     if output_dir and storage.is_url(output_dir):
         if problem := storage.url_problem(output_dir):
-            raise UsageError(f"--out {output_dir}: {problem}")
+            raise UsageError(f"--out {redaction.redact(output_dir.partition('?')[0])}: {problem}")
         output_url, output_dir = output_dir.rstrip("/"), None
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
     from orchestrator.images import git_revision

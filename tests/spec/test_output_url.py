@@ -80,3 +80,42 @@ def test_orch_status_shows_the_output_url(tmp_path, api):
     job = next(o for o in render.render(load(MULTI, tmp_path), api=api) if o["kind"] == job_api.resource.kind)
     lines = tables.format_status(status.job_status(job_api, job)).splitlines()
     assert "Output:      s3://bucket/runs/demo (checkpoints, model.pt, summary.json)" in lines
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "s3://AKIAEXAMPLE:wJalrXUtnFEMIsecret@bucket/runs",
+            "output.url: carries credentials (user:password@ "
+            "before the bucket), which would be written into the job's objects and its run's records: give them to "
+            "the pods as secret_env (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; for orch run, the shell's environment)",
+        ),
+        ("s3://wJalrXUtnFEMIsecret@bucket/runs", "output.url: carries credentials"),
+        (
+            "s3://bucket/runs?X-Amz-Signature=wJalrXUtnFEMIsecret",
+            "output.url: has a query string or fragment (? or "
+            "#), where signed URLs and SAS tokens keep credentials: a prefix cannot hold one; give credentials to the "
+            "pods as secret_env",
+        ),
+        ("az://container/runs#sig=wJalrXUtnFEMIsecret", "output.url: has a query string"),
+    ],
+)
+def test_an_output_url_with_credentials_is_refused_without_showing_them(tmp_path, url, message):
+    """#33: the URL would be the pods' ORCH_OUTPUT_URL, in the job object for anyone who may read it."""
+    with pytest.raises(SpecError) as caught:
+        load(f"name: demo\nimage: i:1\ntrain: {{task: digits}}\noutput: {{url: '{url}'}}\n", tmp_path)
+    assert message in str(caught.value) and "wJalrXUtnFEMIsecret" not in str(caught.value)
+
+
+def test_orch_run_out_refuses_a_url_with_credentials_in_one_line(tmp_path):
+    from tests.fakes.cli import run_orch
+
+    (tmp_path / "job.yaml").write_text("name: demo\ntrain: {task: synthetic, max_steps: 1}\n")
+    result = run_orch("run", str(tmp_path / "job.yaml"), "--out", "s3://KEY:wJalrXUtnFEMIsecret@bucket/x")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: --out s3://KEY:***@bucket/x: carries credentials (user:password@ before the bucket), which would "
+        "be written into the job's objects and its run's records: give them to the pods as secret_env "
+        "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; for orch run, the shell's environment)"
+    ]
