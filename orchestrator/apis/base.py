@@ -17,6 +17,7 @@ from orchestrator.kube.kinds import Resource
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
+    from orchestrator.rendering.parts import JobParts
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ class JobAPI(Protocol):
         """(field, why) when `spec`, submitted as `name`, cannot run as this API; None when it can."""
         ...
 
-    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
-        """The API's objects in apply order (the job last), from render's template context."""
+    def render(self, spec: JobSpec, parts: JobParts) -> list[dict[str, Any]]:
+        """The API's objects in apply order (the job last), written from the job's parts (the job object's
+        metadata, the pod: rendering/parts.py) and the API's own translation of `spec`."""
         ...
 
     def restarts_replace_pods(self, spec: JobSpec) -> bool:

@@ -1,6 +1,6 @@
 """Kubeflow Training Operator v1: `kubeflow.org/v1` PyTorchJob (Master + Worker replicas).
 
-Writing (manifests/pytorchjob.yaml.j2 places what `render` computes). Facts about the operator v1.9 this
+Writing (manifests/pytorchjob.yaml.j2 writes the `PyTorchJob` part that `render` builds). Facts about the operator v1.9 this
 relies on (see docs/jobspec.md):
 - it sets PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT (or PET_RDZV_* when elastic) and
   PET_NPROC_PER_NODE (from spec.nprocPerNode) in every container, and torchrun reads each `--flag` from
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming, status
@@ -26,6 +27,7 @@ from orchestrator.apis.registry import REGISTRY
 from orchestrator.kube import read
 from orchestrator.kube.kinds import CONFIGMAP, PODMONITOR, Resource
 from orchestrator.rendering import pod, scheduling, templates
+from orchestrator.rendering.parts import JobParts, Metadata, PodLayout, Port
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
@@ -44,7 +46,6 @@ LABEL_OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "master" | "worker" (lower case)
 LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
-CLEAN_POD_POLICY = "Running"  # on finish, delete pods still running (frees GPUs); keep finished ones for logs
 # job: OnFailure, so a pod whose agent gave up (or that was killed) comes back and rejoins the rendezvous.
 RESTART_POLICIES = {"job": "OnFailure", "on-failure": "OnFailure", "exit-code": "ExitCode", "never": "Never"}
 
@@ -52,6 +53,49 @@ MAX_SORTED_WORKERS = 100_000  # node_rank sorts the Worker names; more replicas 
 
 # Highest first. Once Failed=True the operator stops updating conditions, so it wins over everything.
 PHASE_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+@dataclass(frozen=True)
+class Replica:
+    type: str  # "Master" | "Worker"
+    count: int
+
+
+@dataclass(frozen=True)
+class GangPolicy:
+    """runPolicy.schedulingPolicy: the v1 operator (run with --gang-scheduler-name) creates a PodGroup from
+    it; minAvailable is every pod of the job. Volcano's PodGroup also takes the queue and priority class."""
+
+    min_available: int
+    queue: str | None = None
+    priority_class: str | None = None
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    """elasticPolicy: torchrun's c10d rendezvous between min and max Worker replicas."""
+
+    min_replicas: int
+    max_replicas: int
+    max_restarts: int
+
+
+@dataclass(frozen=True)
+class PyTorchJob:
+    """What manifests/pytorchjob.yaml.j2 writes: the job's metadata, its runPolicy and elasticPolicy, and
+    one replica spec per replica type, each running `pod_template` (pod.template: overrides merged)."""
+
+    metadata: Metadata
+    nproc_per_node: str
+    backoff_limit: int
+    deadline: int | None  # activeDeadlineSeconds
+    ttl_after_finished: int | None
+    gang: GangPolicy | None
+    suspend: bool  # created suspended: Kueue resumes the job once its Workload (every pod) is admitted
+    elastic: ElasticPolicy | None
+    replicas: tuple[Replica, ...]
+    restart_policy: str
+    pod_template: dict[str, Any]
 
 
 class PyTorchJobAPI:
@@ -74,21 +118,22 @@ class PyTorchJobAPI:
             return "runtime", "names a Trainer v2 ClusterTrainingRuntime; it needs api: trainjob"
         return None
 
-    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
-        ports = [
-            {"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT, "protocol": "TCP"},
-            *pod.metrics_ports(spec),
-        ]
-        job_context = {
-            **context,
-            "nproc_per_node": str(spec.procs_per_node),
-            "run_policy": _run_policy(spec),
-            "elastic_policy": _elastic_policy(spec),
-            "replicas": _replicas(spec),
-            "restart_policy": RESTART_POLICIES[spec.restart.policy or "on-failure"],
-            "pod_template": pod.template(context, container=CONTAINER, ports=ports),
-        }
-        return [templates.render_template(TEMPLATE, job_context)]
+    def render(self, spec: JobSpec, parts: JobParts) -> list[dict[str, Any]]:
+        layout = PodLayout(container=CONTAINER, api_ports=(Port(RDZV_PORT_NAME, RDZV_PORT),))
+        job = PyTorchJob(
+            metadata=parts.metadata,
+            nproc_per_node=str(spec.procs_per_node),
+            backoff_limit=_backoff_limit(spec),
+            deadline=spec.deadline,
+            ttl_after_finished=spec.ttl_after_finished,
+            gang=_gang_policy(spec),
+            suspend=scheduling.kueue_queue(spec) is not None,
+            elastic=_elastic_policy(spec),
+            replicas=_replicas(spec),
+            restart_policy=RESTART_POLICIES[spec.restart.policy or "on-failure"],
+            pod_template=pod.template(parts.pod, layout),
+        )
+        return [templates.render_template(TEMPLATE, job=job)]
 
     def restarts_replace_pods(self, spec: JobSpec) -> bool:
         """ExitCode retries get a new pod; the other policies restart containers in place."""
@@ -220,14 +265,13 @@ def master_and_workers(spec: JobSpec) -> bool:
     return not elastic_agent(spec) and spec.nodes > 1
 
 
-def _replicas(spec: JobSpec) -> list[dict[str, Any]]:
+def _replicas(spec: JobSpec) -> tuple[Replica, ...]:
     if elastic_agent(spec):
         # Elastic jobs are Workers only: the operator points PET_RDZV_ENDPOINT at worker-0 and scales Workers.
-        return [{"type": "Worker", "count": spec.nodes}]
-    replicas = [{"type": "Master", "count": 1}]
+        return (Replica("Worker", spec.nodes),)
     if spec.nodes > 1:  # Worker replicas: 0 makes the operator create and delete a pod in a loop
-        replicas.append({"type": "Worker", "count": spec.nodes - 1})
-    return replicas
+        return (Replica("Master", 1), Replica("Worker", spec.nodes - 1))
+    return (Replica("Master", 1),)
 
 
 def _backoff_limit(spec: JobSpec) -> int:
@@ -239,48 +283,18 @@ def _backoff_limit(spec: JobSpec) -> int:
     return spec.restart.backoff_limit
 
 
-def _run_policy(spec: JobSpec) -> dict[str, Any]:
-    policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": _backoff_limit(spec)}
-    if spec.deadline is not None:
-        policy["activeDeadlineSeconds"] = spec.deadline
-    if spec.ttl_after_finished is not None:
-        policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
-    if (gang := _scheduling_policy(spec)) is not None:
-        policy["schedulingPolicy"] = gang
-    if scheduling.kueue_queue(spec) is not None:
-        # Created suspended: Kueue resumes the job once its Workload (every pod) is admitted.
-        policy["suspend"] = True
-    return policy
-
-
-def _scheduling_policy(spec: JobSpec) -> dict[str, Any] | None:
-    """runPolicy.schedulingPolicy: the v1 operator (run with --gang-scheduler-name) creates a PodGroup from
-    it; minAvailable is every pod of the job."""
+def _gang_policy(spec: JobSpec) -> GangPolicy | None:
     scheduler = scheduling.gang_scheduler(spec)
     if scheduler is None:
         return None
-    policy: dict[str, Any] = {"minAvailable": spec.nodes}
     if scheduler == "volcano":
-        if spec.scheduling.queue:
-            policy["queue"] = spec.scheduling.queue
-        if spec.scheduling.priority_class:
-            policy["priorityClass"] = spec.scheduling.priority_class
-    return policy
+        return GangPolicy(spec.nodes, spec.scheduling.queue, spec.scheduling.priority_class)
+    return GangPolicy(spec.nodes)
 
 
-def _elastic_policy(spec: JobSpec) -> dict[str, Any] | None:
-    if spec.elastic is None:
-        if spec.restart.policy != "job":
-            return None
-        return {
-            "rdzvBackend": "c10d",
-            "minReplicas": spec.nodes,
-            "maxReplicas": spec.nodes,
-            "maxRestarts": spec.restart.max_restarts,
-        }
-    return {
-        "rdzvBackend": "c10d",
-        "minReplicas": spec.elastic.min_nodes,
-        "maxReplicas": spec.elastic.max_nodes,
-        "maxRestarts": spec.elastic.max_restarts,
-    }
+def _elastic_policy(spec: JobSpec) -> ElasticPolicy | None:
+    if spec.elastic is not None:
+        return ElasticPolicy(spec.elastic.min_nodes, spec.elastic.max_nodes, spec.elastic.max_restarts)
+    if spec.restart.policy == "job":
+        return ElasticPolicy(spec.nodes, spec.nodes, spec.restart.max_restarts)
+    return None

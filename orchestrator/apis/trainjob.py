@@ -6,7 +6,9 @@ Writing (kubeflow/trainer master; docs/decisions.md has the design):
   command, env, resourcesPerNode, and PET_NNODES/NPROC_PER_NODE/NODE_RANK/MASTER_ADDR/MASTER_PORT from the
   torch plugin, so the same torchrun command runs under both APIs;
 - orch renders a namespaced TrainingRuntime per job (the whole pod template is orch's), or, with
-  `runtime: NAME`, patches a ClusterTrainingRuntime through runtimePatches (only the fields that CRD allows).
+  `runtime: NAME`, patches a ClusterTrainingRuntime through runtimePatches (only the fields that CRD allows);
+- `TrainingRuntime` and `TrainJob` are the typed parts manifests/trainingruntime.yaml.j2 and trainjob.yaml.j2
+  write those objects from.
 
 Reading:
 The trainer controller turns a TrainJob plus its runtime (a TrainingRuntime orch renders per job, or a
@@ -24,13 +26,18 @@ pkg/constants; kubernetes-sigs/jobset api/jobset/v1alpha2, pkg/constants):
 - JobSet labels every pod `jobset.sigs.k8s.io/jobset-name`, `.../replicatedjob-name`, `.../job-index` and
   `.../restart-attempt` (how many times the whole JobSet was recreated); the Job controller adds
   `batch.kubernetes.io/job-completion-index`.
+
+Over 600 lines, kept whole: everything that differs for Trainer v2 is here (what it refuses, two objects
+and a runtime patch, the JobSet restart rules, phases derived from child Jobs and pods, `orch doctor`'s
+checks of the Trainer release), as docs/decisions.md keeps one module per job API.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator import naming, status
 from orchestrator.apis.base import JobAPI, SetupCheck, SetupReads
@@ -38,6 +45,7 @@ from orchestrator.apis.registry import REGISTRY
 from orchestrator.kube import read
 from orchestrator.kube.kinds import CONFIGMAP, JOBSET, PODMONITOR, Resource
 from orchestrator.rendering import pod, scheduling, templates
+from orchestrator.rendering.parts import Container, ContainerField, JobParts, Metadata, PodLayout
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
@@ -186,20 +194,14 @@ class TrainJobAPI:
             return _runtime_patch_problem(spec)
         return None
 
-    def render(self, spec: JobSpec, context: dict[str, Any]) -> list[dict[str, Any]]:
+    def render(self, spec: JobSpec, parts: JobParts) -> list[dict[str, Any]]:
         """orch's TrainingRuntime (how the pods look: the whole JobSet template), unless `runtime:` names
         one, then the TrainJob (what runs: image, command, env, sizes)."""
         objects = []
         if spec.runtime is None:
-            labels = {**spec.labels, **naming.standard_labels(context["name"], naming.COMPONENT_RUNTIME)}
-            runtime_context = {
-                **context,
-                "runtime_labels": labels,
-                "runtime_spec": _runtime_spec(spec, context),
-            }
-            objects.append(templates.render_template(RUNTIME_TEMPLATE, runtime_context))
-        job_context = {**context, "trainjob_spec": _trainjob_spec(spec, context)}
-        objects.append(templates.render_template(TRAINJOB_TEMPLATE, job_context))
+            runtime = _training_runtime(spec, parts)
+            objects.append(templates.render_template(RUNTIME_TEMPLATE, runtime=runtime))
+        objects.append(templates.render_template(TRAINJOB_TEMPLATE, job=_trainjob(spec, parts)))
         return objects
 
     def restarts_replace_pods(self, spec: JobSpec) -> bool:
@@ -470,92 +472,103 @@ def _runtime_container_problem(runtime: str, key: str, value: Any) -> tuple[str,
 # --- the spec in Trainer v2's terms ---------------------------------------------------------------------------
 
 
-def _trainjob_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
-    trainer: dict[str, Any] = {
-        "image": spec.image,
-        "command": context["command"],
-        "env": context["env"],
-        "numNodes": spec.nodes,
-        "numProcPerNode": spec.procs_per_node,
-    }
-    if resources := _resources_per_node(context):
-        trainer["resourcesPerNode"] = resources
-    job_spec: dict[str, Any] = {
-        "runtimeRef": {
-            "name": spec.runtime or context["name"],
-            "apiGroup": GROUP,
-            "kind": CLUSTER_TRAINING_RUNTIME.kind if spec.runtime else TRAINING_RUNTIME.kind,
-        },
-        "trainer": trainer,
-    }
-    if scheduling.kueue_queue(spec) is not None:
-        job_spec["suspend"] = True  # Kueue resumes it once the whole Workload is admitted
-    if spec.deadline is not None:
-        job_spec["activeDeadlineSeconds"] = spec.deadline
-    if spec.runtime is not None:
-        job_spec["runtimePatches"] = [_runtime_patch(context)]
-    return job_spec
+@dataclass(frozen=True)
+class TrainJob:
+    """What manifests/trainjob.yaml.j2 writes: what runs (image, command, env, nodes, processes and resources
+    per node) on which runtime, and, on a ClusterTrainingRuntime, orch's pod in its runtime patch."""
+
+    metadata: Metadata
+    runtime: str  # runtimeRef.name
+    runtime_kind: str  # TrainingRuntime (orch's, of the same name) | ClusterTrainingRuntime (`runtime:`)
+    container: Container  # orch's: its image, command and env travel here
+    nodes: int
+    procs_per_node: int
+    resources_per_node: dict[str, Any]
+    suspend: bool  # Kueue resumes it once the whole Workload is admitted
+    deadline: int | None  # activeDeadlineSeconds
+    patch_pod: dict[str, Any] | None  # `runtime: NAME`: the pod fields the TrainJob CRD lets a patch set
+    group: ClassVar[str] = GROUP
+    node: ClassVar[str] = TRAINER_NODE
+    patch_manager: ClassVar[str] = RUNTIME_PATCH_MANAGER
 
 
-def _resources_per_node(context: dict[str, Any]) -> dict[str, Any]:
+def _trainjob(spec: JobSpec, parts: JobParts) -> TrainJob:
+    """Image, command, env and resources travel in spec.trainer (the torch plugin puts them on the `node`
+    container); a runtime patch carries only what the CRD allows (`spec_problem` refused the rest)."""
+    patch_layout = PodLayout(TRAINER_NODE, carries=frozenset(), grace=False)
+    return TrainJob(
+        metadata=parts.metadata,
+        runtime=spec.runtime or parts.metadata.name,
+        runtime_kind=CLUSTER_TRAINING_RUNTIME.kind if spec.runtime else TRAINING_RUNTIME.kind,
+        container=parts.pod.container,
+        nodes=spec.nodes,
+        procs_per_node=spec.procs_per_node,
+        resources_per_node=_resources_per_node(parts),
+        suspend=scheduling.kueue_queue(spec) is not None,
+        deadline=spec.deadline,
+        patch_pod=pod.template(parts.pod, patch_layout) if spec.runtime is not None else None,
+    )
+
+
+def _resources_per_node(parts: JobParts) -> dict[str, Any]:
     """The `node` container's resources: orch's (GPUs, cpu, memory) merged with what pod_overrides add to the
     main container (EFA, RDMA, hugepages...). All of them go in trainer.resourcesPerNode, because Trainer
     v2.1/v2.2 replace the runtime container's resources with it (pkg/runtime/framework/plugins/jobset/
     builder.go Trainer: `WithResources(requirements)`; v2.3 merges), so extras left in the runtime were lost."""
-    merged = pod.template(context, container=TRAINER_NODE, carries=("resources",))
+    merged = pod.template(parts.pod, PodLayout(TRAINER_NODE, carries=frozenset({"resources"})))
     resources = pod.main_container(merged, TRAINER_NODE).get("resources")
     return resources if isinstance(resources, dict) else {}
 
 
-def _runtime_spec(spec: JobSpec, context: dict[str, Any]) -> dict[str, Any]:
-    """A TrainingRuntime spec shaped like Trainer v2's torch-distributed runtime (one replicated job `node`,
-    labelled ancestor=trainer, container `node`), with orch's whole pod template and restart rules. Env and
-    resources travel in the TrainJob's spec.trainer (the torch plugin puts them on the container)."""
-    restart_policy, job_rules, failure_policy = _jobset_restart(spec)
-    pod_template = pod.template(
-        context,
-        container=TRAINER_NODE,
-        carries=("image", "command", "ports"),
-        ports=pod.metrics_ports(spec),  # the torch plugin adds the master port itself
-        restart_policy=restart_policy,
-    )
+@dataclass(frozen=True)
+class JobSetRestart:
+    """restart.policy in JobSet's and its batch Jobs' terms (`_jobset_restart` says how each policy maps)."""
+
+    pod_restart_policy: str
+    backoff_limit: int  # the batch Job's
+    pod_failure_rules: tuple[dict[str, Any], ...] = ()  # the batch Job's podFailurePolicy.rules
+    max_restarts: int | None = None  # JobSet failurePolicy.maxRestarts (None: JobSet's default)
+    jobset_rules: tuple[dict[str, Any], ...] = ()  # JobSet failurePolicy.rules (none: no failurePolicy)
+
+
+@dataclass(frozen=True)
+class TrainingRuntime:
+    """What manifests/trainingruntime.yaml.j2 writes: a TrainingRuntime shaped like Trainer v2's
+    torch-distributed runtime (one replicated job `node`, labelled ancestor=trainer, container `node`), with
+    orch's whole pod template and restart rules."""
+
+    metadata: Metadata
+    nodes: int
+    gang: str | None  # podGroupPolicy's plugin: volcano | coscheduling
+    template_annotations: dict[str, str]  # the JobSet template's
+    restart: JobSetRestart
+    pod_template: dict[str, Any]
+    node: ClassVar[str] = TRAINER_NODE
+    ancestor_label: ClassVar[dict[str, str]] = {LABEL_TRAINJOB_ANCESTOR: TRAINJOB_ANCESTOR_TRAINER}
+
+
+def _training_runtime(spec: JobSpec, parts: JobParts) -> TrainingRuntime:
+    """Env and resources travel in the TrainJob's spec.trainer (the torch plugin puts them on the container);
+    the torch plugin adds the master port itself."""
+    restart = _jobset_restart(spec)
+    carried: frozenset[ContainerField] = frozenset({"image", "command", "ports"})
+    layout = PodLayout(TRAINER_NODE, carries=carried, restart_policy=restart.pod_restart_policy)
+    pod_template = pod.template(parts.pod, layout)
     pod.main_container(pod_template, TRAINER_NODE).pop("resources", None)  # in trainer.resourcesPerNode
-    jobset: dict[str, Any] = {
-        "replicatedJobs": [
-            {
-                "name": TRAINER_NODE,
-                "replicas": 1,
-                "template": {
-                    "metadata": {"labels": {LABEL_TRAINJOB_ANCESTOR: TRAINJOB_ANCESTOR_TRAINER}},
-                    "spec": {**job_rules, "template": pod_template},
-                },
-            }
-        ]
-    }
-    if failure_policy is not None:
-        jobset["failurePolicy"] = failure_policy
-    runtime: dict[str, Any] = {"mlPolicy": {"numNodes": spec.nodes, "torch": {}}}
     gang = scheduling.gang_scheduler(spec)
-    if gang is not None:
-        runtime["podGroupPolicy"] = {gang: {}}
-    template: dict[str, Any] = {"spec": jobset}
+    annotations = {}
     if gang == "volcano" and spec.scheduling.queue:
         # Trainer v2's volcano plugin reads the PodGroup's queue from the JobSet template's annotations.
-        template["metadata"] = {"annotations": {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}}
-    runtime["template"] = template
-    return runtime
-
-
-def _runtime_patch(context: dict[str, Any]) -> dict[str, Any]:
-    """runtimePatches entry for a ClusterTrainingRuntime (`runtime: NAME`): the pod fields the TrainJob CRD
-    lets a patch set. Image, command, env and resources travel in spec.trainer; what a patch cannot carry
-    was refused by `spec_problem`."""
-    pod_template = pod.template(context, container=TRAINER_NODE, carries=(), grace=False)
-    replicated_job = {"name": TRAINER_NODE, "template": {"spec": {"template": pod_template}}}
-    return {
-        "manager": RUNTIME_PATCH_MANAGER,
-        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated_job]}}},
-    }
+        annotations[naming.ANNOTATION_VOLCANO_QUEUE] = spec.scheduling.queue
+    labels = {**spec.labels, **naming.standard_labels(parts.metadata.name, naming.COMPONENT_RUNTIME)}
+    return TrainingRuntime(
+        metadata=Metadata(parts.metadata.name, parts.metadata.namespace, labels),
+        nodes=spec.nodes,
+        gang=gang,
+        template_annotations=annotations,
+        restart=restart,
+        pod_template=pod_template,
+    )
 
 
 # A pod that was preempted, evicted, drained or lost with its node carries this condition (the scheduler's
@@ -565,8 +578,9 @@ DISRUPTED_POD = {"type": "DisruptionTarget", "status": "True"}
 JOB_FAILED_BY_POD_FAILURE_POLICY = "PodFailurePolicy"
 
 
-def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
-    """(pod restartPolicy, batch Job fields, JobSet failurePolicy) for restart.policy.
+def _jobset_restart(spec: JobSpec) -> JobSetRestart:
+    """restart.policy as the pod's restartPolicy, the batch Job's backoffLimit and podFailurePolicy, and
+    JobSet's failurePolicy.
 
     job: a failed pod fails its Job at once (Never, backoffLimit 0) and JobSet's failurePolicy recreates
     every Job of the JobSet, so all pods restart together, at most max_restarts times. A disrupted pod
@@ -583,39 +597,38 @@ def _jobset_restart(spec: JobSpec) -> tuple[str, dict[str, Any], dict[str, Any] 
     Every Trainer v2 release carries these fields (its JobSet: v0.8 in v2.0 .. v0.12 in v2.3)."""
     policy = spec.restart.policy
     if policy == "job":
-        disruption_fails_the_job = [{"action": "FailJob", "onPodConditions": [DISRUPTED_POD]}]
         restart_uncounted = {
             "name": "Disruption",
             "action": "RestartJobSetAndIgnoreMaxRestarts",
             "onJobFailureReasons": [JOB_FAILED_BY_POD_FAILURE_POLICY],
         }
-        return (
+        return JobSetRestart(
             "Never",
-            {"backoffLimit": 0, "podFailurePolicy": {"rules": disruption_fails_the_job}},
-            {"maxRestarts": spec.restart.max_restarts, "rules": [restart_uncounted]},
+            backoff_limit=0,
+            pod_failure_rules=({"action": "FailJob", "onPodConditions": [DISRUPTED_POD]},),
+            max_restarts=spec.restart.max_restarts,
+            jobset_rules=(restart_uncounted,),
         )
     if policy == "exit-code":
-        rules = [
-            {"action": "Ignore", "onPodConditions": [DISRUPTED_POD]},
-            {
-                "action": "FailJob",
-                "onExitCodes": {
-                    "containerName": TRAINER_NODE,
-                    "operator": "In",
-                    "values": EXIT_CODES_PERMANENT,
-                },
-            },
-        ]
+        permanent_exit_codes = {
+            "containerName": TRAINER_NODE,
+            "operator": "In",
+            "values": EXIT_CODES_PERMANENT,
+        }
         permanent = {
             "name": "ProgramError",
             "action": "FailJobSet",
             "onJobFailureReasons": [JOB_FAILED_BY_POD_FAILURE_POLICY],
         }
-        return (
+        return JobSetRestart(
             "Never",
-            {"backoffLimit": spec.restart.backoff_limit, "podFailurePolicy": {"rules": rules}},
-            {"rules": [permanent]},
+            backoff_limit=spec.restart.backoff_limit,
+            pod_failure_rules=(
+                {"action": "Ignore", "onPodConditions": [DISRUPTED_POD]},
+                {"action": "FailJob", "onExitCodes": permanent_exit_codes},
+            ),
+            jobset_rules=(permanent,),
         )
     if policy == "never":
-        return "Never", {"backoffLimit": 0}, None
-    return "OnFailure", {"backoffLimit": spec.restart.backoff_limit}, None
+        return JobSetRestart("Never", backoff_limit=0)
+    return JobSetRestart("OnFailure", backoff_limit=spec.restart.backoff_limit)

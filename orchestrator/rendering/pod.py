@@ -1,10 +1,11 @@
-"""The pod every job API runs, written once: `template(context, ...)` and the pieces of the context it reads.
+"""The pod every job API runs, built once (`build`: the typed parts.Pod) and written once (`template`).
 
 Both APIs run the same container (torchrun, the same env, volumes and security settings); what differs is
 only which fields travel in the pod and which elsewhere (a TrainJob passes env and resources through
 `spec.trainer`, a runtime patch carries only what the TrainJob CRD lets it set). Each API module
-(orchestrator/apis/) says which; `template` builds the pod and merges `pod_overrides` into it (the one place
-they are merged). Pure functions of the spec: no I/O.
+(orchestrator/apis/) says which in a parts.PodLayout; `template` writes the pod through
+manifests/pod.yaml.j2 and merges `pod_overrides` into it (the one place they are merged). Pure functions of
+the spec: no I/O.
 """
 
 from __future__ import annotations
@@ -13,10 +14,23 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import launch, naming
+from orchestrator.rendering import scheduling, templates
+from orchestrator.rendering.parts import (
+    Container,
+    EnvVar,
+    Pod,
+    PodLayout,
+    Port,
+    Resources,
+    Volume,
+    VolumeMount,
+)
 
 if TYPE_CHECKING:
-    from orchestrator.job.spec import JobSpec, Toleration, Volume
+    from orchestrator.job import spec as job_spec
+    from orchestrator.job.spec import JobSpec
 
+TEMPLATE = "pod.yaml.j2"
 TRAINER_MODULE = "orchestrator.trainer"
 LAUNCHER = ["python", "-m", "orchestrator.launch"]  # torchrun whose exit code keeps the failure's class
 TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -24,96 +38,63 @@ STOP_MARGIN_SECONDS = 30  # past train.checkpoint.on_stop: torchrun's own exit, 
 SHM_PER_GPU_GI = 2  # /dev/shm default: 2Gi per GPU (NCCL ~33M per communicator + pinned DataLoader batches)
 SHM_CPU_DEFAULT = "1Gi"  # /dev/shm default of a CPU pod (gloo and DataLoader workers)
 VOLUME_SHM, VOLUME_CONFIG, VOLUME_OUTPUT = "orch-shm", "orch-config", "orch-output"
-POD_SECURITY_CONTEXT = {"seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-# Fields of the container that an API may leave out of the pod (they travel elsewhere, or are the runtime's).
-CONTAINER_PAYLOAD = ("image", "command", "env", "ports", "resources")
 
 
-def template(
-    context: dict[str, Any],
-    *,
-    container: str,
-    carries: Collection[str] = CONTAINER_PAYLOAD,
-    ports: list[dict[str, Any]] = [],  # noqa: B006  (read, never changed)
-    restart_policy: str | None = None,
-    grace: bool = True,
-) -> dict[str, Any]:
-    """The pod template ({metadata, spec}) of every replica: `container` names the main container, `carries`
-    says which of CONTAINER_PAYLOAD it holds here, `ports` its ports (the API's own and `metrics_ports`).
-    `grace`: whether the pod carries terminationGracePeriodSeconds (a Trainer runtime patch accepts it only
-    from v2.3). `pod_overrides` are merged last; a container named like any API's main one is the main one."""
-    main: dict[str, Any] = {"name": container}
-    payload = {
-        "image": context["image"],
-        "command": context["command"],
-        "env": context["env"],
-        "ports": ports,
-        "resources": context["resources"],
-    }
-    main.update({key: value for key, value in payload.items() if key in carries and value})
-    main["securityContext"] = CONTAINER_SECURITY_CONTEXT
-    main["volumeMounts"] = context["volume_mounts"]
-    spec: dict[str, Any] = {}
-    if restart_policy:
-        spec["restartPolicy"] = restart_policy
-    spec["securityContext"] = POD_SECURITY_CONTEXT
-    if grace and context["termination_grace_seconds"] is not None:
-        spec["terminationGracePeriodSeconds"] = context["termination_grace_seconds"]
-    for key, value in (
-        ("serviceAccountName", context["service_account"]),
-        ("priorityClassName", context["priority_class"]),
-        ("schedulerName", context["scheduler_name"]),
-        ("nodeSelector", context["node_selector"]),
-        ("tolerations", context["tolerations"]),
-        ("affinity", context["affinity"]),
-        ("imagePullSecrets", context["image_pull_secrets"]),
-    ):
-        if value:
-            spec[key] = value
-    spec["containers"] = [main]
-    spec["volumes"] = context["volumes"]
-    if context["pod_overrides"]:
-        overrides = portable_overrides(context["pod_overrides"], container, context["main_containers"])
-        spec = merge_overrides(spec, overrides)
-    metadata: dict[str, Any] = {"labels": context["pod_labels"]}
-    if context["pod_annotations"]:
-        metadata["annotations"] = context["pod_annotations"]
-    return {"metadata": metadata, "spec": spec}
+def template(pod: Pod, layout: PodLayout) -> dict[str, Any]:
+    """The pod template ({metadata, spec}) of every replica, as `layout` holds it (manifests/pod.yaml.j2).
+    `pod.overrides` are merged last; a container named like any API's main one is the main one."""
+    written = templates.render_template(TEMPLATE, pod=pod, layout=layout)
+    if pod.overrides:
+        overrides = portable_overrides(pod.overrides, layout.container, pod.main_containers)
+        written["spec"] = merge_overrides(written["spec"], overrides)
+    return written
 
 
 def main_container(pod_template: dict[str, Any], name: str) -> dict[str, Any]:
-    """The container called `name` in a pod template `template` built ({} if pod_overrides removed it)."""
+    """The container called `name` in a pod template `template` wrote ({} if pod_overrides removed it)."""
     containers = pod_template["spec"].get("containers")
     found = [c for c in containers or [] if isinstance(c, dict) and c.get("name") == name]
     return found[0] if found else {}
 
 
-def context(
-    spec: JobSpec, name: str, *, kind: str, main_containers: Collection[str], retry_limit: int | None = None
-) -> dict[str, Any]:
-    """What `template` reads: the pod's values, computed from the spec (`kind`: the API's object kind, which
-    the trainer is told; `main_containers`: every API's main container name, for `pod_overrides`;
-    `retry_limit`: the launcher's bound on exit-code retries the controller does not bound itself)."""
-    return {
-        "pod_labels": {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)},
-        "service_account": spec.service_account,
-        "priority_class": spec.scheduling.priority_class,
-        "scheduler_name": spec.scheduling.scheduler,
-        "node_selector": dict(spec.node_selector),
-        "tolerations": [_toleration(t) for t in spec.tolerations],
-        "affinity": spec.affinity,
-        "image_pull_secrets": [{"name": secret} for secret in spec.image_pull_secrets],
-        "image": spec.image,
-        "command": torchrun_command(spec),
-        "env": _env(spec, name, kind, retry_limit),
-        "termination_grace_seconds": termination_grace_seconds(spec),
-        "resources": resources(spec),
-        "volume_mounts": _volume_mounts(spec),
-        "volumes": _volumes(spec, name),
-        "pod_overrides": spec.pod_overrides,
-        "main_containers": tuple(main_containers),
-    }
+def build(
+    spec: JobSpec,
+    name: str,
+    *,
+    kind: str,
+    main_containers: Collection[str],
+    retry_limit: int | None = None,
+    group_pod_sets: bool = False,
+) -> Pod:
+    """The pod's parts, from the spec (`kind`: the API's object kind, which the trainer is told;
+    `main_containers`: every API's main container name, for `pod_overrides`; `retry_limit`: the launcher's
+    bound on exit-code retries the controller does not bound itself; `group_pod_sets`: whether the job's
+    PodSets share one Kueue topology group)."""
+    topology = scheduling.topology_annotations(spec, name, group_pod_sets=group_pod_sets)
+    container = Container(
+        image=spec.image or "",  # render.check refuses a spec without one
+        command=torchrun_command(spec),
+        env=env(spec, name, kind, retry_limit),
+        resources=resources(spec),
+        ports=metrics_ports(spec),
+        volume_mounts=_volume_mounts(spec),
+    )
+    return Pod(
+        labels={**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)},
+        annotations={**spec.annotations, **topology, **scheduling.volcano_queue_annotation(spec)},
+        service_account=spec.service_account,
+        priority_class=spec.scheduling.priority_class,
+        scheduler_name=spec.scheduling.scheduler,
+        node_selector=dict(spec.node_selector),
+        tolerations=tuple(_toleration(t) for t in spec.tolerations),
+        affinity=spec.affinity,
+        image_pull_secrets=tuple(spec.image_pull_secrets),
+        termination_grace_seconds=termination_grace_seconds(spec),
+        container=container,
+        volumes=_volumes(spec, name),
+        overrides=spec.pod_overrides,
+        main_containers=tuple(main_containers),
+    )
 
 
 def termination_grace_seconds(spec: JobSpec) -> int | None:
@@ -141,7 +122,7 @@ def torchrun_command(spec: JobSpec) -> list[str]:
     return [*launcher, "-m", TRAINER_MODULE, "--config", naming.TRAIN_CONFIG_PATH]
 
 
-def _toleration(toleration: Toleration) -> dict[str, Any]:
+def _toleration(toleration: job_spec.Toleration) -> dict[str, Any]:
     rendered = {
         "key": toleration.key,
         "operator": toleration.operator,
@@ -152,11 +133,10 @@ def _toleration(toleration: Toleration) -> dict[str, Any]:
     return {k: v for k, v in rendered.items() if v is not None}
 
 
-def _env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) -> list[dict[str, Any]]:
+def env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) -> tuple[EnvVar, ...]:
     """orch's runtime facts first, then the user's env (which wins on a clash), then secretKeyRefs."""
-    from orchestrator import (
-        runtime_env,
-    )  # here: it imports the spec (pydantic); `orch status` reads pods only
+    # here: it imports the spec (pydantic), and `orch status` imports the API modules, which import this one
+    from orchestrator import runtime_env
 
     output_url = spec.output.url if spec.output is not None else None  # the object store keeps the outputs
     runtime = runtime_env.RuntimeEnv.for_job(
@@ -171,33 +151,21 @@ def _env(spec: JobSpec, name: str, kind: str, retry_limit: int | None = None) ->
         # torchrun's wait for its ranks' stop checkpoint before it SIGKILLs them (read from torch 2.12)
         values[TORCHRUN_SHUTDOWN_TIMEOUT_ENV] = str(spec.train.checkpoint.on_stop)
     values.update(spec.env)
-    env: list[dict[str, Any]] = [
-        {"name": k, "value": v} for k, v in values.items() if k not in spec.secret_env
-    ]
+    found = [EnvVar(k, value=v) for k, v in values.items() if k not in spec.secret_env]
     if retry_limit is not None:  # the start count is kept per submission (orch submit annotates the pods)
-        env.append(
-            {
-                "name": launch.ENV_SUBMISSION,
-                "valueFrom": {
-                    "fieldRef": {"fieldPath": f"metadata.annotations['{naming.ANNOTATION_SUBMISSION}']"}
-                },
-            }
-        )
-    env += [
-        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+        submission = f"metadata.annotations['{naming.ANNOTATION_SUBMISSION}']"
+        found.append(EnvVar(launch.ENV_SUBMISSION, value_from={"fieldRef": {"fieldPath": submission}}))
+    found += [
+        EnvVar(k, value_from={"secretKeyRef": {"name": ref.secret, "key": ref.key}})
         for k, ref in {**_tracking_secrets(spec), **spec.secret_env}.items()
     ]
     if spec.tracking.mlflow is not None and runtime_env.ENV_NAMESPACE not in {*spec.env, *spec.secret_env}:
-        env.append(
-            {
-                "name": runtime_env.ENV_NAMESPACE,
-                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-            }
-        )
-    return env
+        namespace = {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        found.append(EnvVar(runtime_env.ENV_NAMESPACE, value_from=namespace))
+    return tuple(found)
 
 
-def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:
+def _tracking_secrets(spec: JobSpec) -> dict[str, job_spec.SecretRef]:
     """tracking.mlflow.credentials -> MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN from their Secrets."""
     from orchestrator.job.spec import MLFLOW_CREDENTIAL_ENV
 
@@ -211,14 +179,12 @@ def _tracking_secrets(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def metrics_ports(spec: JobSpec) -> list[dict[str, Any]]:
+def metrics_ports(spec: JobSpec) -> tuple[Port, ...]:
     """The exporter's named port (the PodMonitor scrapes it), when metrics are on."""
-    if not spec.metrics.enabled:
-        return []
-    return [{"name": naming.METRICS_PORT_NAME, "containerPort": spec.metrics.port, "protocol": "TCP"}]
+    return (Port(naming.METRICS_PORT_NAME, spec.metrics.port),) if spec.metrics.enabled else ()
 
 
-def resources(spec: JobSpec) -> dict[str, Any]:
+def resources(spec: JobSpec) -> Resources:
     """CPU is requested, not limited (a CPU limit throttles DataLoader and NCCL threads); memory and GPUs are
     both requested and limited. The /dev/shm emptyDir counts against the memory limit."""
     requests: dict[str, str] = {}
@@ -229,7 +195,7 @@ def resources(spec: JobSpec) -> dict[str, Any]:
         requests["memory"] = limits["memory"] = spec.resources.memory
     if spec.gpus_per_node:
         requests[naming.GPU_RESOURCE] = limits[naming.GPU_RESOURCE] = str(spec.gpus_per_node)
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    return Resources(requests=requests, limits=limits)
 
 
 def shm_size(spec: JobSpec) -> str:
@@ -239,49 +205,41 @@ def shm_size(spec: JobSpec) -> str:
     return f"{SHM_PER_GPU_GI * spec.gpus_per_node}Gi" if spec.gpus_per_node else SHM_CPU_DEFAULT
 
 
-def _volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
-    mounts: list[dict[str, Any]] = [{"name": VOLUME_SHM, "mountPath": "/dev/shm"}]
+def _volume_mounts(spec: JobSpec) -> tuple[VolumeMount, ...]:
+    mounts = [VolumeMount(VOLUME_SHM, "/dev/shm")]
     if spec.train is not None:
-        mounts.append({"name": VOLUME_CONFIG, "mountPath": naming.CONFIG_DIR, "readOnly": True})
-    output = {"name": VOLUME_OUTPUT, "mountPath": naming.OUTPUT_DIR}
-    if spec.output is not None and spec.output.pvc is not None:
-        output["subPath"] = spec.output.sub_path or spec.name
-    mounts.append(output)
-    for volume in spec.volumes:
-        mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount}
-        if volume.read_only:
-            mount["readOnly"] = True
-        mounts.append(mount)
-    return mounts
+        mounts.append(VolumeMount(VOLUME_CONFIG, naming.CONFIG_DIR, read_only=True))
+    output = spec.output
+    sub_path = (output.sub_path or spec.name) if output is not None and output.pvc is not None else None
+    mounts.append(VolumeMount(VOLUME_OUTPUT, naming.OUTPUT_DIR, sub_path=sub_path))
+    mounts += [VolumeMount(v.name, v.mount, read_only=v.read_only) for v in spec.volumes]
+    return tuple(mounts)
 
 
-def _volumes(spec: JobSpec, name: str) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = [
-        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec)}}
-    ]
+def _volumes(spec: JobSpec, name: str) -> tuple[Volume, ...]:
+    volumes = [Volume(VOLUME_SHM, "emptyDir", {"medium": "Memory", "sizeLimit": shm_size(spec)})]
     if spec.train is not None:
-        volumes.append({"name": VOLUME_CONFIG, "configMap": {"name": naming.config_map_name(name)}})
+        volumes.append(Volume(VOLUME_CONFIG, "configMap", {"name": naming.config_map_name(name)}))
     if spec.output is not None and spec.output.pvc is not None:
-        volumes.append({"name": VOLUME_OUTPUT, "persistentVolumeClaim": {"claimName": spec.output.pvc}})
+        volumes.append(Volume(VOLUME_OUTPUT, "persistentVolumeClaim", {"claimName": spec.output.pvc}))
     else:  # no output, or an object store (output.url): the local side (logs, TensorBoard's files) only
-        volumes.append({"name": VOLUME_OUTPUT, "emptyDir": {}})
-    for volume in spec.volumes:
-        volumes.append({"name": volume.name, **_volume_source(volume)})
-    return volumes
+        volumes.append(Volume(VOLUME_OUTPUT, "emptyDir", {}))
+    volumes += [_volume(v) for v in spec.volumes]
+    return tuple(volumes)
 
 
-def _volume_source(volume: Volume) -> dict[str, Any]:
+def _volume(volume: job_spec.Volume) -> Volume:
     if volume.pvc is not None:
         claim: dict[str, Any] = {"claimName": volume.pvc}
         if volume.read_only:
             claim["readOnly"] = True
-        return {"persistentVolumeClaim": claim}
+        return Volume(volume.name, "persistentVolumeClaim", claim)
     if volume.config_map is not None:
-        return {"configMap": {"name": volume.config_map}}
+        return Volume(volume.name, "configMap", {"name": volume.config_map})
     if volume.secret is not None:
-        return {"secret": {"secretName": volume.secret}}
+        return Volume(volume.name, "secret", {"secretName": volume.secret})
     size = volume.empty_dir
-    return {"emptyDir": {"sizeLimit": size} if isinstance(size, str) else {}}
+    return Volume(volume.name, "emptyDir", {"sizeLimit": size} if isinstance(size, str) else {})
 
 
 def portable_overrides(overrides: dict[str, Any], main: str, main_names: Collection[str]) -> dict[str, Any]:

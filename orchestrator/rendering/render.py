@@ -1,10 +1,12 @@
 """JobSpec -> the Kubernetes objects that run it: a pure function through the Jinja2 templates in manifests/.
 
-`render(spec, api=...)` returns plain dicts in apply order: the ConfigMap (train jobs), the job API's objects
-(a PyTorchJob; or a TrainingRuntime + TrainJob: orchestrator/apis/<key>.py renders them, with the one pod
-template of orchestrator/rendering/pod.py), then the PodMonitor. It reads the packaged templates and nothing else; no
-cluster is asked. Every decision (names, labels, the torchrun command, env, volumes, defaults) is made in
-Python; the templates only place the values. `to_yaml` / `to_json` serialise the objects for the CLI.
+`render(spec, api=...)` builds the job's typed parts once (rendering/parts.py: the job object's metadata,
+the pod, the ConfigMap's and PodMonitor's) and returns plain dicts in apply order: the ConfigMap (train
+jobs), the job API's objects (a PyTorchJob; or a TrainingRuntime + TrainJob: orchestrator/apis/<key>.py
+writes them from the parts, with the one pod template of rendering/pod.py), then the PodMonitor. It reads
+the packaged templates and nothing else; no cluster is asked. Every decision (names, labels, the torchrun
+command, env, volumes, defaults) is made in Python; each kind's template writes its object from the parts.
+`to_yaml` / `to_json` serialise the objects for the CLI.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import apis, naming, runtime_env
 from orchestrator.errors import SpecError
-from orchestrator.rendering import pod, scheduling, tracking_record
+from orchestrator.rendering import parts, pod, scheduling, tracking_record
 from orchestrator.rendering.templates import render_template
 
 if TYPE_CHECKING:
@@ -35,14 +37,13 @@ def render(spec: JobSpec, *, name: str | None = None, api: str | None = None) ->
     objects, PodMonitor (when metrics are enabled). `name` overrides spec.name (e.g. a unique submit name);
     `api` overrides spec.api (a registered key, or auto)."""
     job_api = apis.by_key(check(spec, name=name, api=api))
-    name = name or spec.name
-    context = _context(spec, name, job_api)
+    job = job_parts(spec, name or spec.name, job_api)
     objects = []
-    if spec.train is not None:
-        objects.append(render_template(CONFIGMAP_TEMPLATE, context))
-    objects += job_api.render(spec, context)
-    if spec.metrics.enabled:
-        objects.append(render_template(PODMONITOR_TEMPLATE, context))
+    if job.config_map is not None:
+        objects.append(render_template(CONFIGMAP_TEMPLATE, config_map=job.config_map))
+    objects += job_api.render(spec, job)
+    if job.pod_monitor is not None:
+        objects.append(render_template(PODMONITOR_TEMPLATE, monitor=job.pod_monitor))
     return objects
 
 
@@ -62,46 +63,66 @@ def check(spec: JobSpec, *, name: str | None = None, api: str | None = None) -> 
     return chosen
 
 
-def _context(spec: JobSpec, name: str, job_api: apis.JobAPI) -> dict[str, Any]:
-    """Every value the templates place, computed from the spec: the pod's (rendering/pod.py), the job
-    object's metadata, the ConfigMap's and the PodMonitor's. API modules add their own."""
+def job_parts(spec: JobSpec, name: str, job_api: apis.JobAPI) -> parts.JobParts:
+    """The parts every object of the job is written from, computed once from the spec: the job object's
+    metadata, the pod (rendering/pod.py), the ConfigMap's (train jobs) and the PodMonitor's (metrics on)."""
     kind = job_api.resource.kind
-    training_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_TRAINING)}
-    monitor_labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_MONITORING)}
-    if spec.metrics.release:
-        monitor_labels[naming.LABEL_PROMETHEUS_RELEASE] = spec.metrics.release
-    topology = scheduling.topology_annotations(spec, name, group_pod_sets=job_api.groups_pod_sets(spec))
-    return {
-        **pod.context(
-            spec,
-            name,
-            kind=kind,
-            main_containers=[a.container for a in apis.all_apis()],
-            retry_limit=job_api.retry_limit(spec),
-        ),
-        "name": name,
-        "namespace": spec.namespace,
-        "job_labels": {**training_labels, **scheduling.kueue_labels(spec)},
-        "annotations": {
+    metadata = parts.Metadata(
+        name=name,
+        namespace=spec.namespace,
+        labels={
+            **spec.labels,
+            **naming.standard_labels(name, naming.COMPONENT_TRAINING),
+            **scheduling.kueue_labels(spec),
+        },
+        annotations={
             **spec.annotations,
             **tracking_record.annotation(spec, name, kind),
             **_output_annotation(spec),
         },
-        "pod_annotations": {**spec.annotations, **topology, **scheduling.volcano_queue_annotation(spec)},
-        "config_map_name": naming.config_map_name(name),
-        "config_labels": {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_CONFIG)},
-        "train_config_key": naming.TRAIN_CONFIG_KEY,
-        "train_json": train_json(spec),
-        "monitor_labels": monitor_labels,
-        "monitor_selector": {naming.LABEL_JOB: name},
-        "pod_target_labels": [naming.LABEL_JOB],
-        "metrics_port_name": naming.METRICS_PORT_NAME,
+    )
+    job_pod = pod.build(
+        spec,
+        name,
+        kind=kind,
+        main_containers=[a.container for a in apis.all_apis()],
+        retry_limit=job_api.retry_limit(spec),
+        group_pod_sets=job_api.groups_pod_sets(spec),
+    )
+    return parts.JobParts(
+        metadata=metadata,
+        pod=job_pod,
+        config_map=_config_map(spec, name),
+        pod_monitor=_pod_monitor(spec, name, container=job_api.container) if spec.metrics.enabled else None,
+    )
+
+
+def _config_map(spec: JobSpec, name: str) -> parts.ConfigMap | None:
+    if spec.train is None:
+        return None
+    labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_CONFIG)}
+    return parts.ConfigMap(
+        metadata=parts.Metadata(naming.config_map_name(name), spec.namespace, labels),
+        key=naming.TRAIN_CONFIG_KEY,
+        train_json=runtime_env.train_json(spec.train),
+    )
+
+
+def _pod_monitor(spec: JobSpec, name: str, *, container: str) -> parts.PodMonitor:
+    labels = {**spec.labels, **naming.standard_labels(name, naming.COMPONENT_MONITORING)}
+    if spec.metrics.release:
+        labels[naming.LABEL_PROMETHEUS_RELEASE] = spec.metrics.release
+    return parts.PodMonitor(
+        metadata=parts.Metadata(name, spec.namespace, labels),
+        selector={naming.LABEL_JOB: name},
+        pod_target_labels=(naming.LABEL_JOB,),
+        port_name=naming.METRICS_PORT_NAME,
         # A named runtime's pods do not declare orch's port (runtimePatches have no ports): the PodMonitor
         # scrapes the pod IP at the port number instead (see podmonitor.yaml.j2).
-        "metrics_port_number": spec.metrics.port if spec.runtime is not None else None,
-        "training_container": job_api.container,
-        "metrics_interval": f"{spec.metrics.interval}s",
-    }
+        port_number=spec.metrics.port if spec.runtime is not None else None,
+        container=container,
+        interval=f"{spec.metrics.interval}s",
+    )
 
 
 def _output_annotation(spec: JobSpec) -> dict[str, str]:
@@ -109,11 +130,6 @@ def _output_annotation(spec: JobSpec) -> dict[str, str]:
     if spec.output is None or spec.output.url is None:
         return {}
     return {naming.ANNOTATION_OUTPUT_URL: spec.output.url}
-
-
-def train_json(spec: JobSpec) -> str | None:
-    """The ConfigMap's train.json: what `python -m orchestrator.trainer --config` reads."""
-    return runtime_env.train_json(spec.train) if spec.train is not None else None
 
 
 def warnings(spec: JobSpec, api: str | None = None) -> list[str]:

@@ -1,8 +1,10 @@
-"""The Jinja2 templates in manifests/, filled and parsed: `render_template(name, context) -> dict`.
+"""The Jinja2 templates in manifests/, filled and parsed: `render_template(name, **parts) -> dict`.
 
-Every value a template places goes through `tojson` (here `yaml_scalar`): a JSON scalar or flow collection
-is valid YAML, so nothing a user writes can change a manifest's structure. Imports jinja2 and yaml only
-when a template is rendered.
+Each template writes one kind of object from the typed parts it is given (rendering/parts.py, and each API
+module's own). Every value a template places goes through `tojson` (here `yaml_scalar`): a JSON scalar or
+flow collection is valid YAML, so nothing a user writes can change a manifest's structure. The environment
+is strict: a name or attribute a template misspells raises (StrictUndefined) instead of writing nothing.
+Imports jinja2 and yaml only when a template is rendered.
 """
 
 from __future__ import annotations
@@ -28,8 +30,17 @@ def yaml_scalar(value: Any) -> str:
     Unlike Jinja's own `tojson` (HTML escaping, astral characters as surrogate pairs that PyYAML cannot
     rejoin), this keeps text as is and escapes only what a YAML reader would reject or fold.
     """
-    text = json.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False, default=_not_json)
     return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _not_json(value: object) -> object:
+    """json.dumps' fallback: a name or attribute a template misspelt (jinja2's StrictUndefined) raises its
+    own error, naming it; anything else that is not JSON (a part placed whole) is refused."""
+    str(value)
+    raise TypeError(
+        f"a template placed a {type(value).__name__}, which is not a JSON value: place its fields"
+    )
 
 
 @functools.cache
@@ -51,11 +62,11 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_template(template: str, context: dict[str, Any]) -> dict[str, Any]:
-    """One manifest: the template `template` (a file in manifests/) filled from `context`, parsed."""
+def render_template(template: str, **parts: object) -> dict[str, Any]:
+    """One object: the template `template` (a file in manifests/) filled from `parts`, parsed."""
     import yaml
 
-    text = _environment().get_template(template).render(context)
+    text = _environment().get_template(template).render(parts)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     parsed: dict[str, Any] = yaml.load(text, Loader=loader)
     return parsed

@@ -35,7 +35,7 @@ def test_defaults_are_the_job_specs():
 
 def test_render_and_orch_run_give_the_trainer_the_same_facts(tmp_path):
     spec = loading.load_job(REPO / "examples" / "gpt.yaml", ["metrics.peak_tflops=312", "metrics.port=9555"])
-    pod_env = {e["name"]: e["value"] for e in pod._env(spec, spec.name, "PyTorchJob") if "value" in e}
+    pod_env = {e.name: e.value for e in pod.env(spec, spec.name, "PyTorchJob") if e.value is not None}
     in_pod = RuntimeEnv.from_environ(pod_env)
     here = RuntimeEnv.from_environ(local.plan(spec, output_dir=str(tmp_path)).env)
     assert in_pod == RuntimeEnv(
@@ -52,7 +52,8 @@ def test_train_json_round_trips_and_is_shared(tmp_path):
     spec = loading.load_job(REPO / "examples" / "digits.yaml", [])
     text = runtime_env.train_json(spec.train)
     assert runtime_env.load_train_json(text) == spec.train
-    assert render.train_json(spec) == text  # the ConfigMap holds exactly what `orch run` writes
+    (config_map,) = [o for o in render.render(spec) if o["kind"] == "ConfigMap"]
+    assert config_map["data"] == {"train.json": text}  # the ConfigMap holds exactly what `orch run` writes
 
 
 def test_malformed_numbers_are_warned_about_and_defaulted(caplog):
