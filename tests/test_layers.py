@@ -187,3 +187,14 @@ def test_kubernetes_objects_as_data_stand_on_naming_alone():
     assert floor >= {"orchestrator.kube.kinds", "orchestrator.kube.read"}
     above = {target for name in floor for target in GRAPH[name]} - floor - {"orchestrator.naming"}
     assert above == set()
+
+
+def test_rendering_stands_below_the_apis_but_for_its_entry():
+    """rendering/ holds what the API modules write their objects with (parts, pod, templates, scheduling) and
+    render.py, which calls the APIs: no other module of it imports apis/. Its package and the parts import
+    nothing, so the spec (pod_shape) and `orch status` (tracking_record) import one module without the rest."""
+    rendering = {name for name in GRAPH if within(name, ("orchestrator.rendering",))}
+    assert rendering >= {"orchestrator.rendering.render", "orchestrator.rendering.pod"}
+    on_apis = {name for name in rendering if any(within(t, ("orchestrator.apis",)) for t in GRAPH[name])}
+    assert on_apis == {"orchestrator.rendering.render"}
+    assert GRAPH["orchestrator.rendering"] == set() and GRAPH["orchestrator.rendering.parts"] == set()
