@@ -482,8 +482,10 @@ class Cluster:
         tail: int | None = None,
         since_seconds: int | None = None,
         timestamps: bool = False,
+        opened: Callable[[Any], None] | None = None,
     ) -> Iterator[str]:
-        """One container's log, line by line; with `follow`, until the container stops."""
+        """One container's log, line by line; with `follow`, until the container stops. `opened(response)`
+        hears the open stream, so a caller can end it (`response.shutdown()`) from another thread."""
         options: dict[str, Any] = {"container": container, "follow": follow, "timestamps": timestamps}
         if tail is not None:
             options["tail_lines"] = tail
@@ -498,6 +500,8 @@ class Cluster:
         fn = self.core.read_namespaced_pod_log
         response = self._call("get", POD_LOG, pod, fn, pod, self.namespace, **options)
         with self._open(response):
+            if opened is not None:
+                opened(response)
             try:
                 yield from _lines(response)
             except (urllib3.exceptions.HTTPError, OSError) as e:

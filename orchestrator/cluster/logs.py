@@ -11,10 +11,15 @@ container instance. The job and its pods are watched (one list, then watches res
 resourceVersion; no re-listing), so the requests do not grow with the job's size or age. Pods beyond the
 stream cap are not followed: the follower says which, and how to print them (no line is lost: the kubelet
 keeps them). Ends when the job has finished and every reader has drained (at most `drain_seconds` after).
+A container that exited is not waited for: the kubelet ends its followed stream only at its next state check
+(5 s), a proxy may hold it open longer, and a broken one has nothing left to follow. Its stream is resumed
+(after a break) or replaced (still open once the job has finished) by one plain read of what it logged after
+its last line shown, so the follower returns within a poll interval of the job's end, with every line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import threading
@@ -192,6 +197,7 @@ class _Reader:
     done: threading.Event = field(default_factory=threading.Event)
     last_timestamp: str = ""
     error: ClusterError | None = None
+    response: Any = None  # the open stream, to end it (`LogFollower.tick`)
 
 
 class LogFollower:
@@ -259,6 +265,7 @@ class LogFollower:
         ):
             self._thread(self._watch, what, stream, name=f"orch-watch-{what}")
         next_tick = time.monotonic() + poll_seconds()
+        container = self.job.api.container
         while True:
             try:
                 item = self.inbox.get(timeout=max(0.0, min(0.2, next_tick - time.monotonic())))
@@ -271,6 +278,11 @@ class LogFollower:
                     continue
                 if kind == "error":
                     raise item[1]
+                if kind == "done":
+                    pod = self.pods.get(item[1])
+                    if self.finished_at is not None and pod and not read.container_running(pod, container):
+                        self.consider(pod)  # the job is over, the container exited: read the rest now
+                    continue
                 if kind == "job":
                     if item[1] is None:
                         self.notice(f"job {self.job.name} was deleted")
@@ -331,6 +343,16 @@ class LogFollower:
         for name, reader in list(self.readers.items()):
             if reader.done.is_set() and name in self.pods:
                 self.consider(self.pods[name])
+            elif (
+                self.finished_at is not None
+                and name in self.pods
+                and reader.response is not None
+                and not read.container_running(self.pods[name], self.job.api.container)
+            ):
+                # the job is over and this container exited, its stream still open: end it; what it logged
+                # after its last line is read by one plain read (`consider`)
+                with contextlib.suppress(Exception):
+                    reader.response.shutdown()
         self._start_unfollowed()
 
     def consider(self, p: dict[str, Any]) -> None:
@@ -359,7 +381,9 @@ class LogFollower:
             elif isinstance(current.error, Forbidden):
                 raise current.error  # retrying cannot help: say so instead of showing nothing
             elif current.error is not None or read.container_running(p, container):
-                self.start(summary, key, resume_after=current.last_timestamp)  # the stream broke
+                # the stream broke: follow on from its last line, or, the container having exited, read the rest
+                follow = read.container_running(p, container)
+                self.start(summary, key, resume_after=current.last_timestamp, follow=follow)
 
     def _streams_open(self) -> int:
         return sum(not r.done.is_set() for r in self.readers.values())
@@ -381,10 +405,12 @@ class LogFollower:
                 f"once, --max-log-requests); their logs: orch logs {self.job.name} --ranks {ranks}"
             )
 
-    def start(self, pod: status.PodSummary, key: tuple[str, int], resume_after: str = "") -> None:
-        """A thread that follows one container instance and queues its lines."""
+    def start(
+        self, pod: status.PodSummary, key: tuple[str, int], resume_after: str = "", *, follow: bool = True
+    ) -> None:
+        """A thread that follows one container instance (or, not `follow`, reads it once) and queues its lines."""
         # The first reader of a pod honours --tail/--since; a restarted container is read from its start.
-        options: dict[str, Any] = {"follow": True, "timestamps": True}
+        options: dict[str, Any] = {"follow": follow, "timestamps": True}
         if resume_after:
             options["since_seconds"] = max(1, int(time.time() - _epoch(resume_after)) + 1)
         elif pod.name not in self.readers:
@@ -402,7 +428,10 @@ class LogFollower:
         self, reader: _Reader, pod: status.PodSummary, options: dict[str, Any], resume_after: str
     ) -> None:
         try:
-            for raw in self.cluster.log_lines(pod.name, container=self.job.api.container, **options):
+            lines = self.cluster.log_lines(pod.name, container=self.job.api.container,
+                                           opened=lambda response: setattr(reader, "response", response),
+                                           **options)  # fmt: skip
+            for raw in lines:
                 stamp, _, text = raw.partition(" ")
                 if resume_after and _stamp_key(stamp) <= _stamp_key(resume_after):
                     continue  # already shown before the stream was resumed
@@ -412,7 +441,9 @@ class LogFollower:
             # the stream broke (read on from the last line), or the container is between restarts
             reader.error = e
         finally:
+            reader.response = None
             reader.done.set()
+            self.inbox.put(("done", pod.name))
 
 
 def _stamp_key(timestamp: str) -> tuple[str, float]:
