@@ -181,6 +181,11 @@ def top(
     both or neither are given."""
     from orchestrator import top as metrics
 
+    _job_name("top", name)  # it goes into PromQL label matchers: the name rules keep quotes and braces out
+    if namespace is not None:
+        _namespace("top", namespace)
+    _expect("top", "prometheus", prometheus, (str, type(None)), "a URL (str) or None")
+    _expect_strings("top", "exporters", exporters)
     urls = [*exporters, *([metrics.local_exporter_url(port, job=name)] if local else [])]
     return metrics.Metrics(name, prometheus=prometheus, exporters=urls, namespace=namespace, worst=worst)
 

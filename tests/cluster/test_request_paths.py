@@ -122,6 +122,10 @@ def test_a_bad_job_name_for_top_sends_no_query(user, seen, recorder):  # type: i
     result = run_orch("top", "demo", "-n", 'x"}', "--prometheus", prometheus, "--once")
     assert result.returncode == 2
     assert one_error_line(result.stderr).startswith("error: --namespace: ")
+    with pytest.raises(UsageError, match=r"^name: "):
+        api.top(injection, prometheus=prometheus)
+    with pytest.raises(UsageError, match=r"^namespace: "):
+        api.top("demo", prometheus=prometheus, namespace='x"}')
     assert seen == []
 
 
