@@ -20,7 +20,7 @@ TRAINER = ("orchestrator.trainer",)
 # `train:` section it is, runtime_env, which writes it into train.json and reads it back in the trainer, and
 # `orch run`'s plan, which holds the train section it writes (with --steps applied).
 TRAINER_CONFIG = "orchestrator.trainer.config"
-TRAINER_CONFIG_USERS = ("orchestrator.job.spec", "orchestrator.runtime_env", "orchestrator.local.plan")
+TRAINER_CONFIG_USERS = ("orchestrator.job.spec", "orchestrator.runtime_env", "orchestrator.local.planning")
 
 
 def within(name: str, packages: tuple[str, ...]) -> bool:

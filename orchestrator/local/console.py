@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator import outputs
-from orchestrator.local.plan import LocalPlan
+from orchestrator.local import worker
+from orchestrator.local.planning import LocalPlan
 
 
 def RunLogs(log_dir: Path) -> Any:  # noqa: N802 (a class made on first use)
-    """torch's LogsSpecs for a run: workers keep their stdio (local_worker redirects it to
+    """torch's LogsSpecs for a run: workers keep their stdio (worker.py redirects it to
     logs/rank-N.log, appending across restarts); error files go to logs/errors/attempt-K/rank-N.json."""
     from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
@@ -137,9 +138,7 @@ class _Console:
         return complete
 
     def _log_line(self, line: str) -> None:
-        from orchestrator.local_worker import HEADER
-
-        if line.startswith(HEADER):
+        if line.startswith(worker.HEADER):
             self.hiding_traceback = False
             attempt = re.search(r"attempt (\d+)", line)
             if attempt and int(attempt.group(1)) > 0:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import outputs, runtime_env
-from orchestrator.local.plan import LocalPlan
+from orchestrator.local.planning import LocalPlan
 
 
 def runs_index() -> Path:

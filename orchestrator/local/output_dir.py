@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator import outputs
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.local.plan import LocalPlan
+from orchestrator.local.planning import LocalPlan
 
 
 class OutputDirBusy(OrchError):

@@ -6,7 +6,7 @@ job's `command`), with the same ORCH_* environment, gloo on CPU or one process p
 torch is imported inside the functions: `orch --help` must stay light.
 
 The process tree: `orch run` (torch's elastic agent runs in this process, and hosts the rendezvous store)
--> one child per rank, each started through orchestrator.local_worker, which ties it to this process
+-> one child per rank, each started through orchestrator/local/worker.py, which ties it to this process
 (PR_SET_PDEATHSIG: SIGKILLed when the launcher dies, whatever killed it), appends its stdout and stderr to
 OUT/logs/rank-N.log and execs the command. The console shows rank 0's log as it grows (tracebacks left in
 the file) and, at the end, one line: the result, or the first failing rank with its error and its log.
@@ -28,9 +28,10 @@ from typing import Any, TextIO
 
 from orchestrator import outputs, runtime_env
 from orchestrator.errors import OrchError
+from orchestrator.local import worker
 from orchestrator.local.console import RunLogs, launcher_log, live_console
 from orchestrator.local.index import register
-from orchestrator.local.plan import LocalPlan, environment
+from orchestrator.local.planning import LocalPlan, environment
 
 TRAINER_MODULE = "orchestrator.trainer"
 
@@ -73,10 +74,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     env.update({name: value for name, value in os.environ.items() if name in runtime_env.USER_OVERRIDES})
     # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
     endpoint_file = _metrics_endpoint(env, local.output_dir) if local.train is not None else None
-    env.update(
-        ORCH_LAUNCHER_PID=str(os.getpid()),
-        ORCH_LOG_DIR=str(log_dir.resolve()),
-    )
+    env.update({worker.LAUNCHER_PID: str(os.getpid()), worker.LOG_DIR: str(log_dir.resolve())})
     # the log keeps every line; the console drops the ones the progress bar shows
     env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:
@@ -91,7 +89,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         assert local.command is not None
         entrypoint, args, progress_file, progress_bar = local.command[0], local.command[1:], None, False
     # Every rank starts through the shim that ties it to this process and sends its output to its log.
-    entrypoint, args = sys.executable, ["-m", WORKER_MODULE, entrypoint, *args]
+    entrypoint, args = sys.executable, ["-m", worker.__name__, entrypoint, *args]
     # Processes share this machine's cores: one thread pool each, sized to its share (as torchrun does).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local.world_size)))
 
@@ -183,14 +181,11 @@ def _stopped_at(progress_file: Path) -> int | None:
     return step
 
 
-WORKER_MODULE = "orchestrator.local_worker"
-
-
 def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
     """One line: the first failing rank, its exception and where it was raised, and its log file."""
     rank, failure = _first_failure(error)
     data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
-    if isinstance(data, dict):  # written by @record (trainer) or local_worker: the exception, the traceback
+    if isinstance(data, dict):  # written by @record (trainer) or worker.py: the exception, the traceback
         reason = str(data.get("message", "")).strip().splitlines()[-1:] or [""]
         where = _raised_at(str((data.get("extraInfo") or {}).get("py_callstack", "")))
         text = reason[0] + (f" (at {where})" if where else "")

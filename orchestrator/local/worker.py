@@ -1,13 +1,14 @@
 """One `orch run` worker process: tie it to the launcher, send its output to the run's log, become the command.
 
-    python -m orchestrator.local_worker COMMAND [ARGS...]
+    python -m orchestrator.local.worker COMMAND [ARGS...]
 
 torch's elastic agent runs inside `orch run` and starts every rank as its direct child, in a session of its
 own (so a Ctrl-C in the terminal reaches only the launcher, which stops the ranks). A launcher killed outright
 (`kill -9`, the OOM killer) runs no cleanup, and its workers would go on training and writing checkpoints.
 This shim asks Linux to SIGKILL the worker when its parent dies (PR_SET_PDEATHSIG, kept across exec), appends
 the rank's stdout and stderr to `ORCH_LOG_DIR/rank-RANK.log`, and then execs the real command in place: the
-same pid, so the agent's signals and exit codes are the command's own. Stdlib only: it starts in milliseconds.
+same pid, so the agent's signals and exit codes are the command's own. It imports the stdlib and
+orchestrator.outputs only (the package's __init__ imports nothing on its own): it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import signal
 import sys
 import time
 
+from orchestrator import outputs
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_PID = "ORCH_LAUNCHER_PID"  # the process whose death kills this one (`orch run`)
+LOG_DIR = "ORCH_LOG_DIR"  # OUT/logs: where rank-RANK.log goes
 
 
 def die_with_parent(launcher_pid: int) -> None:
@@ -35,7 +40,7 @@ def die_with_parent(launcher_pid: int) -> None:
 
 def redirect_output(log_dir: str, rank: str, attempt: str) -> None:
     """Append stdout and stderr (fds 1 and 2, inherited by the exec'd command) to the rank's log file."""
-    fd = os.open(os.path.join(log_dir, f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(outputs.rank_log(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     os.write(fd, f"{HEADER} rank {rank}, attempt {attempt}, {stamp} ---\n".encode())
     os.dup2(fd, 1)
@@ -48,10 +53,10 @@ HEADER = "--- orch run:"  # the first line of every attempt in a rank's log (orc
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: python -m orchestrator.local_worker COMMAND [ARGS...]")
-    if launcher := os.environ.get("ORCH_LAUNCHER_PID"):
+        sys.exit("usage: python -m orchestrator.local.worker COMMAND [ARGS...]")
+    if launcher := os.environ.get(LAUNCHER_PID):
         die_with_parent(int(launcher))
-    if log_dir := os.environ.get("ORCH_LOG_DIR"):
+    if log_dir := os.environ.get(LOG_DIR):
         redirect_output(
             log_dir, os.environ.get("RANK", "0"), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         )
