@@ -434,6 +434,9 @@ def cluster_checks(
     try:
         target = cluster.connect(cluster.Target(kubeconfig=kubeconfig, context=context, namespace=namespace))
         facts = probes.gather(target)
+    except cluster.Unauthorized as error:  # it answered: the credentials are the finding
+        return [Check("cluster", FAIL, f"answered, but rejected the credentials: {error}",
+                      "renew the kubeconfig's token or certificate (is it expired?), or pass --context")]  # fmt: skip
     except Exception as error:  # any failure to talk to the cluster is the finding itself
         return [
             Check(
@@ -451,7 +454,23 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
     from orchestrator.apis import by_key  # a table of constants; kubernetes stays unimported
     from orchestrator.kube.kinds import KUEUE_GROUP
 
-    checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {facts.get('version') or 'unknown'})")]
+    refused = facts.get("refused") or {}
+    version = facts.get("version") or (
+        f"unknown: /version {_refusal(refused['version'])}" if "version" in refused else "unknown"
+    )
+    checks = [Check("cluster", OK, f"{facts['server']} (Kubernetes {version})")]
+    if "discovery" in refused:
+        checks.append(
+            Check(
+                "job APIs",
+                WARN,
+                f"cannot tell which the cluster serves: the cluster answered, but API discovery (/apis) "
+                f"{_refusal(refused['discovery'])}",
+                "ask an admin for the system:discovery ClusterRole (every authenticated user has it by default)",
+            )
+        )
+        checks.append(_gpu_nodes_check(facts.get("nodes"), refused.get("nodes")))
+        return checks
     apis = facts.get("apis") or {}
     served = {key for key, api in apis.items() if api.get("versions")}
     checks += [_api_check(key, api, served) for key, api in apis.items()]
@@ -478,7 +497,7 @@ def judge_cluster(facts: dict[str, Any]) -> list[Check]:
         )
     else:
         checks.append(Check("Prometheus Operator CRDs", OK, ", ".join(sorted(monitoring))))
-    checks.append(_gpu_nodes_check(facts.get("nodes"), facts.get("nodes_error")))
+    checks.append(_gpu_nodes_check(facts.get("nodes"), refused.get("nodes")))
     checks += [_access_check(facts, key, apis[key]["kind"]) for key in apis if key in served]
     return checks
 
@@ -498,13 +517,23 @@ def _api_check(key: str, api: dict[str, Any], served: set[str]) -> Check:
     return Check(name, FAIL, detail, f"install the {job_api.operator}: {job_api.install}")
 
 
-def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, error: str | None) -> Check:
+def _refusal(refused: dict[str, Any]) -> str:
+    """How a refused read is said: `was refused (RBAC): <the server's words>` or `is not served: ...`."""
+    how = "was refused (RBAC)" if refused.get("status") == 403 else "is not served"
+    return f"{how}: {refused.get('said') or refused.get('error')}"
+
+
+def _gpu_nodes_check(nodes: list[dict[str, Any]] | None, refused: dict[str, Any] | None) -> Check:
     if nodes is None:
+        forbidden = (refused or {}).get("status") == 403
         return Check(
             "GPU nodes",
             WARN,
-            f"cannot list nodes ({error})",
-            "ask an admin for `list nodes`, or trust that GPU nodes exist",
+            f"cannot tell: the cluster answered, but listing nodes {_refusal(refused or {})}",
+            "nodes are cluster-scoped: ask an admin for a ClusterRole with `list` on nodes (manifests/rbac.yaml's "
+            "Role is namespaced and cannot grant it), or trust that GPU nodes exist"
+            if forbidden
+            else "trust that GPU nodes exist, or ask the cluster's admin how GPU nodes are offered",
         )
     gpu_nodes = [node for node in nodes if int(node.get("gpus") or 0) > 0]
     if not gpu_nodes:

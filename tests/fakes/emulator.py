@@ -136,7 +136,9 @@ Webhook = Callable[["RealisticK8s", Any], "str | None"]
 
 def rbac_attributes(request: Any) -> tuple[str, str, str] | None:
     """The (apiGroup, resource, verb) the API server's authorizer checks for a request; None for discovery
-    and the non-resource URLs every authenticated user may read (ClusterRole system:discovery)."""
+    and the non-resource URLs every authenticated user may read (ClusterRole system:discovery), and for the
+    access reviews every authenticated user may create (system:basic-user; both in
+    plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go)."""
     path = request.url.path.rstrip("/")
     match = re.fullmatch(
         r"/api/v1/(?:namespaces/[^/]+/)?([^/]+)(?:/([^/]+))?(?:/([^/]+))?", path
@@ -144,6 +146,8 @@ def rbac_attributes(request: Any) -> tuple[str, str, str] | None:
     if match is None:
         assert re.fullmatch(r"/api(/v1)?|/apis(/[^/]+){0,2}|/version", path), f"unexpected call {path}"
         return None
+    if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+        return None  # every authenticated user may ask (bootstrap ClusterRole system:basic-user)
     if path.startswith("/api/"):
         group, (resource, name, sub) = "", match.groups()
     else:

@@ -165,7 +165,71 @@ def test_forbidden_node_list_is_a_warning(tmp_path: Path) -> None:
         prepare(kube, nodes=[], allowed=True)
         kube.fail("get", "/api/v1/nodes", 403, times=10, message='nodes is forbidden: User "x" cannot list')
         checks = run(kube, tmp_path)
-    assert checks["GPU nodes"].status == WARN and checks["GPU nodes"].detail.startswith("cannot list nodes")
+    assert checks["GPU nodes"].status == WARN
+    assert checks["GPU nodes"].detail == (
+        'cannot tell: the cluster answered, but listing nodes was refused (RBAC): nodes is forbidden: User "x" '
+        "cannot list"
+    )
+    assert "ClusterRole with `list` on nodes" in checks["GPU nodes"].fix
+
+
+NODES_REFUSED = (
+    'nodes is forbidden: User "tester" cannot list resource "nodes" in API group "" at the cluster scope'
+)
+
+
+def test_a_user_bound_to_the_role_only_gets_every_check(tmp_path: Path) -> None:
+    """A user with manifests/rbac.yaml's Role and nothing else (the emulator's authorizer refuses the rest, with
+    the API server's words): nodes are refused, the cluster was reached, and every other check is made."""
+    from tests.cluster.test_rbac import rbac_rules
+
+    with serve() as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, None)], allowed=True)
+        kube.enforce_role(rbac_rules())
+        checks = run(kube, tmp_path)
+    assert {name: c.status for name, c in checks.items()} == {
+        "cluster": OK, "PyTorchJob CRD": OK, "TrainJob CRD": OK, "Kueue": OK, "Prometheus Operator CRDs": OK,
+        "GPU nodes": WARN, "permissions (PyTorchJob)": OK,
+    }  # fmt: skip
+    assert checks["GPU nodes"].detail == (
+        f"cannot tell: the cluster answered, but listing nodes was refused (RBAC): {NODES_REFUSED}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "check", "detail"),
+    [
+        ("/api/v1/nodes", 404, "GPU nodes", "cannot tell: the cluster answered, but listing nodes is not served: "),
+        ("/version/?", 403, "cluster", "(Kubernetes unknown: /version was refused (RBAC): "),
+        ("/apis/?", 403, "job APIs", "cannot tell which the cluster serves: the cluster answered, but API "
+                                     "discovery (/apis) was refused (RBAC): "),
+    ],
+)  # fmt: skip
+def test_a_cluster_that_answers_with_a_refusal_was_reached(
+    tmp_path: Path, path: str, status: int, check: str, detail: str
+) -> None:
+    """Before: any refusal but a 403 on nodes ended the checks with `cluster: not reachable`."""
+    with serve() as kube:
+        prepare(kube, nodes=[gpu_node("gpu-1", 8, None)], allowed=True)
+        kube.fail("get", path, status, times=10, message="refused here")
+        checks = run(kube, tmp_path)
+    assert checks["cluster"].status == OK, checks["cluster"].detail
+    said = checks[check].detail
+    assert detail in said and said.rstrip(")").endswith("refused here"), said
+    assert checks[check].status in (OK, WARN)
+    assert "GPU nodes" in checks  # the other checks were made
+    if check == "job APIs":
+        assert checks["GPU nodes"].status == OK and not any(name.endswith("CRD") for name in checks)
+    else:
+        assert checks["PyTorchJob CRD"].status == OK
+
+
+def test_rejected_credentials_are_not_unreachable(tmp_path: Path) -> None:
+    with serve() as kube:
+        kube.fail("get", "/version/?", 401, times=10, message="Unauthorized")
+        checks = run(kube, tmp_path)
+    assert [(c.name, c.status) for c in checks.values()] == [("cluster", FAIL)]
+    assert checks["cluster"].detail.startswith("answered, but rejected the credentials: unauthorized")
 
 
 def test_unreachable_cluster_is_one_fail_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
