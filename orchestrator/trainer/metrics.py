@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from orchestrator import outputs
 
@@ -248,126 +248,131 @@ class Endpoint:
     """`orch run`: serve a free port when `port` is taken, and write the address served here (runtime_env)."""
 
 
+@dataclass(frozen=True)
+class Series:
+    """One metric a rank writes: its name and help text as Prometheus shows them (docs/metrics.md, the
+    dashboard and the alert rules read them), and its kind. Each carries the rank's labels (job, rank,
+    local_rank, node_rank); `by`: the labels it has besides, whose values come when it is written."""
+
+    name: str
+    help: str
+    kind: Literal["gauge", "counter", "histogram"] = "gauge"
+    by: tuple[str, ...] = ()
+
+
+# Every rank's training series, by the name the exporter writes them under. Straggler signals: the ranks of a
+# DDP/FSDP job wait for each other in the gradient reduction, so their step times are equal; what differs is
+# how long each took to get there (data, forward, backward launch): orch_train_step_ready_seconds.
+TRAINING_SERIES = (
+    Series("orch_train_step", "Last optimizer step number"),
+    Series("orch_train_optimizer_steps", "Optimizer steps taken (skipped AMP steps included)", "counter"),
+    Series("orch_train_samples", "Samples this rank processed", "counter"),
+    Series("orch_train_tokens", "Tokens this rank processed", "counter"),
+    Series("orch_train_loss", "Training loss at the last log step"),
+    Series("orch_train_learning_rate", "Learning rate of the last step"),
+    Series("orch_train_grad_norm", "Gradient norm at the last log step"),
+    Series("orch_train_step_duration_seconds", "Wall time of one optimizer step", "histogram"),
+    Series("orch_train_last_step_seconds", "Wall time of the last optimizer step"),
+    Series(
+        "orch_train_step_ready_seconds",
+        "Host time of the last step until this rank reached its gradient reduction (straggler signal)",
+    ),
+    Series("orch_train_data_wait_seconds", "Time spent waiting for the data loader", "counter"),
+    Series("orch_train_last_step_timestamp_seconds", "Unix time of the last step"),
+    Series("orch_train_amp_loss_scale", "AMP (fp16) gradient scaler scale"),
+    Series(
+        "orch_task_metric", "A number the task reports itself (Task.on_log / on_eval), by name", by=("name",)
+    ),
+    Series("orch_train_amp_skipped_steps", "Optimizer steps skipped by AMP (inf/nan grads)", "counter"),
+    Series("orch_train_flops", "Model floating-point operations this rank computed", "counter"),
+    Series("orch_train_mfu_ratio", "Model FLOPs utilisation of the last step (0-1)"),
+    Series("orch_train_elastic_restarts", "Elastic restarts of the worker group so far"),
+    Series(
+        "orch_train_state_bytes",
+        "Bytes of training state this rank holds, by kind (parameter, gradient, optimizer; FSDP: shards)",
+        by=("kind",),
+    ),
+)
+# On a CUDA device: torch's caching allocator, read every gpu_sample_seconds.
+CUDA_SERIES = (
+    Series("orch_torch_cuda_memory_allocated_bytes", "Tensor memory allocated by torch"),
+    Series("orch_torch_cuda_memory_reserved_bytes", "Memory held by torch's allocator"),
+    Series("orch_torch_cuda_memory_peak_allocated_bytes", "Peak tensor memory since start"),
+    Series("orch_torch_cuda_alloc_retries", "cudaMalloc retries after flushing the cache", "counter"),
+    Series("orch_torch_cuda_ooms", "Out-of-memory errors torch's allocator raised", "counter"),
+)
+# Facts of the rank, set once at start.
+COLLECTIVE_TIMEOUT = Series(
+    "orch_train_collective_timeout_seconds",
+    "train.collective_timeout: a collective that waits this long fails the job",
+)
+PEAK_FLOPS = Series("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU")
+PEAK_FLOPS_UNKNOWN = Series(
+    "orch_train_peak_flops_unknown",
+    "1: no peak FLOP/s for this rank's device, so no MFU (set metrics.peak_tflops)",
+    by=("device_name",),
+)
+RANK_INFO = Series("orch_rank_info", "Where a rank runs (value 1)", by=("hostname", "device", "gpu_uuid"))
+
+
 class PrometheusMetrics(NullMetrics):
     """Training series of one rank; with an `Endpoint` (local rank 0), also the node's HTTP endpoint."""
 
     def __init__(self, config: MetricsConfig, *, endpoint: Endpoint | None = None) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
         self._config = config
         self._cuda = config.device.startswith("cuda")
         self._next_memory_read = 0.0
         self._retries_seen = self._ooms_seen = 0
         self._server: WSGIServer | None = None
         self._gpu = endpoint.gpu if endpoint is not None else None
-        names, labels = tuple(config.labels), config.labels
-
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, names, registry=None, multiprocess_mode="livemostrecent").labels(**labels)
-
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, names, registry=None).labels(**labels)
-
-        # Every series this rank writes, bound to its labels once (a step only stores numbers).
-        self._step = gauge("orch_train_step", "Last optimizer step number")
-        self._steps = counter(
-            "orch_train_optimizer_steps", "Optimizer steps taken (skipped AMP steps included)"
-        )
-        self._samples = counter("orch_train_samples", "Samples this rank processed")
-        self._tokens = counter("orch_train_tokens", "Tokens this rank processed")
-        self._loss = gauge("orch_train_loss", "Training loss at the last log step")
-        self._lr = gauge("orch_train_learning_rate", "Learning rate of the last step")
-        self._grad_norm = gauge("orch_train_grad_norm", "Gradient norm at the last log step")
-        self._step_seconds = Histogram(
-            "orch_train_step_duration_seconds",
-            "Wall time of one optimizer step",
-            names,
-            registry=None,
-            buckets=STEP_SECONDS_BUCKETS,
-        ).labels(**labels)
-        # Stragglers: the ranks of a DDP/FSDP job wait for each other in the gradient reduction, so their step
-        # times are equal; what differs is how long each took to get there (data, forward, backward launch).
-        self._last_step_seconds = gauge(
-            "orch_train_last_step_seconds", "Wall time of the last optimizer step"
-        )
-        self._ready_seconds = gauge(
-            "orch_train_step_ready_seconds",
-            "Host time of the last step until this rank reached its gradient reduction (straggler signal)",
-        )
-        self._data_wait = counter("orch_train_data_wait_seconds", "Time spent waiting for the data loader")
-        self._last_step_time = gauge("orch_train_last_step_timestamp_seconds", "Unix time of the last step")
-        self._loss_scale = gauge("orch_train_amp_loss_scale", "AMP (fp16) gradient scaler scale")
-        self._task_metric = Gauge(
-            "orch_task_metric",
-            "A number the task reports itself (Task.on_log / on_eval), by name",
-            (*names, "name"),
-            registry=None,
-            multiprocess_mode="livemostrecent",
-        )
-        self._skipped = counter(
-            "orch_train_amp_skipped_steps", "Optimizer steps skipped by AMP (inf/nan grads)"
-        )
-        self._flops = counter("orch_train_flops", "Model floating-point operations this rank computed")
-        self._mfu = gauge("orch_train_mfu_ratio", "Model FLOPs utilisation of the last step (0-1)")
-        self._restarts = gauge("orch_train_elastic_restarts", "Elastic restarts of the worker group so far")
-        self._state_bytes = Gauge(
-            "orch_train_state_bytes",
-            "Bytes of training state this rank holds, by kind (parameter, gradient, optimizer; FSDP: shards)",
-            [*names, "kind"],
-            registry=None,
-            multiprocess_mode="livemostrecent",
-        )
-        self._labels = labels
+        self._labels = config.labels
+        # Every series this rank writes, bound to its labels once (a step only stores numbers); one with
+        # labels of its own (`by`) is bound when written.
+        self._series = {
+            series.name: self._declare(series)
+            for series in (*TRAINING_SERIES, *(CUDA_SERIES if self._cuda else ()))
+        }
         if config.collective_timeout_seconds:
-            gauge(
-                "orch_train_collective_timeout_seconds",
-                "train.collective_timeout: a collective that waits this long fails the job",
-            ).set(config.collective_timeout_seconds)
+            self._declare(COLLECTIVE_TIMEOUT).set(config.collective_timeout_seconds)
         if config.peak_flops:
-            gauge("orch_train_peak_flops", "Peak FLOP/s of this rank's device, used for MFU").set(
-                config.peak_flops
-            )
+            self._declare(PEAK_FLOPS).set(config.peak_flops)
         else:  # say so, rather than leave the MFU panel empty without a word
-            Gauge(
-                "orch_train_peak_flops_unknown",
-                "1: no peak FLOP/s for this rank's device, so no MFU (set metrics.peak_tflops)",
-                [*names, "device_name"],
-                registry=None,
-                multiprocess_mode="livemostrecent",
-            ).labels(**labels, device_name=config.device_name or config.device).set(1)
+            self._declare(PEAK_FLOPS_UNKNOWN).labels(
+                **self._labels, device_name=config.device_name or config.device
+            ).set(1)
             if config.rank == 0 and self._cuda:  # a CPU has no peak by design: nothing to warn about
                 log.warning(
                     "MFU off: no peak FLOP/s known for %s; set metrics.peak_tflops in job.yaml",
                     config.device_name or config.device,
                 )
-        if self._cuda:
-            self._mem_allocated = gauge(
-                "orch_torch_cuda_memory_allocated_bytes", "Tensor memory allocated by torch"
-            )
-            self._mem_reserved = gauge(
-                "orch_torch_cuda_memory_reserved_bytes", "Memory held by torch's allocator"
-            )
-            self._mem_peak = gauge(
-                "orch_torch_cuda_memory_peak_allocated_bytes", "Peak tensor memory since start"
-            )
-            self._alloc_retries = counter(
-                "orch_torch_cuda_alloc_retries", "cudaMalloc retries after flushing the cache"
-            )
-            self._ooms = counter("orch_torch_cuda_ooms", "Out-of-memory errors torch's allocator raised")
-        Gauge(
-            "orch_rank_info",
-            "Where a rank runs (value 1)",
-            [*names, "hostname", "device", "gpu_uuid"],
-            registry=None,
-            multiprocess_mode="livemostrecent",
-        ).labels(
-            **labels, hostname=socket.gethostname(), device=config.device, gpu_uuid=config.gpu_uuid or ""
+        self._declare(RANK_INFO).labels(
+            **self._labels,
+            hostname=socket.gethostname(),
+            device=config.device,
+            gpu_uuid=config.gpu_uuid or "",
         ).set(1)
         # Restarts of this worker group by torchelastic (a whole-job restart by JobSet or the operator
         # starts the count again: the dashboard counts those from the pods' restarts, see docs/metrics.md).
         self.set_restart_count(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
         if endpoint is not None:
             self._serve(endpoint)
+
+    def _declare(self, series: Series) -> Any:
+        """The metric of `series` in this process's multiprocess files; bound to the rank's labels unless it
+        has labels of its own. Gauges: `livemostrecent` (each series has one writer; a dead rank's drop out)."""
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = (*self._labels, *series.by)
+        metric: Counter | Histogram | Gauge
+        if series.kind == "counter":
+            metric = Counter(series.name, series.help, labels, registry=None)
+        elif series.kind == "histogram":
+            metric = Histogram(series.name, series.help, labels, registry=None, buckets=STEP_SECONDS_BUCKETS)
+        else:
+            metric = Gauge(
+                series.name, series.help, labels, registry=None, multiprocess_mode="livemostrecent"
+            )
+        return metric if series.by else metric.labels(**self._labels)
 
     def _serve(self, endpoint: Endpoint) -> None:
         from prometheus_client import start_http_server
@@ -398,29 +403,32 @@ class PrometheusMetrics(NullMetrics):
 
     def on_step(self, stats: StepStats) -> None:
         # Host-side numbers only: each line below stores a float into a memory-mapped file.
+        series = self._series
         try:
-            self._step.set(stats.step)
-            self._steps.inc()
-            self._samples.inc(stats.work.samples)
+            series["orch_train_step"].set(stats.step)
+            series["orch_train_optimizer_steps"].inc()
+            series["orch_train_samples"].inc(stats.work.samples)
             if stats.work.tokens:
-                self._tokens.inc(stats.work.tokens)
+                series["orch_train_tokens"].inc(stats.work.tokens)
             if stats.loss is not None:
-                self._loss.set(stats.loss)
-            self._lr.set(stats.lr)
-            self._grad_norm.set(stats.grad_norm)
-            self._step_seconds.observe(stats.seconds)
-            self._last_step_seconds.set(stats.seconds)
-            self._ready_seconds.set(stats.ready_seconds)
-            self._data_wait.inc(max(stats.data_wait_seconds, 0.0))
-            self._last_step_time.set(time.time())
+                series["orch_train_loss"].set(stats.loss)
+            series["orch_train_learning_rate"].set(stats.lr)
+            series["orch_train_grad_norm"].set(stats.grad_norm)
+            series["orch_train_step_duration_seconds"].observe(stats.seconds)
+            series["orch_train_last_step_seconds"].set(stats.seconds)
+            series["orch_train_step_ready_seconds"].set(stats.ready_seconds)
+            series["orch_train_data_wait_seconds"].inc(max(stats.data_wait_seconds, 0.0))
+            series["orch_train_last_step_timestamp_seconds"].set(time.time())
             if stats.loss_scale is not None:
-                self._loss_scale.set(stats.loss_scale)
+                series["orch_train_amp_loss_scale"].set(stats.loss_scale)
             if stats.skipped:
-                self._skipped.inc()
+                series["orch_train_amp_skipped_steps"].inc()
             if stats.work.flops:
-                self._flops.inc(stats.work.flops)
+                series["orch_train_flops"].inc(stats.work.flops)
                 if self._config.peak_flops:
-                    self._mfu.set(mfu(stats.work.flops, stats.seconds, self._config.peak_flops))
+                    series["orch_train_mfu_ratio"].set(
+                        mfu(stats.work.flops, stats.seconds, self._config.peak_flops)
+                    )
             if self._cuda and time.monotonic() >= self._next_memory_read:
                 self._read_cuda_memory()
         except Exception as error:  # never let a metric take the step down
@@ -432,26 +440,27 @@ class PrometheusMetrics(NullMetrics):
         import torch
 
         self._next_memory_read = time.monotonic() + self._config.gpu_sample_seconds
-        stats = torch.cuda.memory_stats(self._config.device)
-        self._mem_allocated.set(stats.get("allocated_bytes.all.current", 0))
-        self._mem_reserved.set(stats.get("reserved_bytes.all.current", 0))
-        self._mem_peak.set(stats.get("allocated_bytes.all.peak", 0))
+        stats, series = torch.cuda.memory_stats(self._config.device), self._series
+        series["orch_torch_cuda_memory_allocated_bytes"].set(stats.get("allocated_bytes.all.current", 0))
+        series["orch_torch_cuda_memory_reserved_bytes"].set(stats.get("reserved_bytes.all.current", 0))
+        series["orch_torch_cuda_memory_peak_allocated_bytes"].set(stats.get("allocated_bytes.all.peak", 0))
         retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
-        self._alloc_retries.inc(max(retries - self._retries_seen, 0))
-        self._ooms.inc(max(ooms - self._ooms_seen, 0))
+        series["orch_torch_cuda_alloc_retries"].inc(max(retries - self._retries_seen, 0))
+        series["orch_torch_cuda_ooms"].inc(max(ooms - self._ooms_seen, 0))
         self._retries_seen, self._ooms_seen = retries, ooms
 
     def set_restart_count(self, count: int) -> None:
-        self._restarts.set(count)
+        self._series["orch_train_elastic_restarts"].set(count)
 
     def set_memory(self, **bytes_by_kind: int | None) -> None:
         for key, value in bytes_by_kind.items():
             if key.endswith("_bytes") and value is not None and not key.startswith("peak"):
-                self._state_bytes.labels(**self._labels, kind=key.removesuffix("_bytes")).set(value)
+                state_bytes = self._series["orch_train_state_bytes"]
+                state_bytes.labels(**self._labels, kind=key.removesuffix("_bytes")).set(value)
 
     def on_task_metrics(self, values: dict[str, float]) -> None:
         for name, value in values.items():
-            self._task_metric.labels(**self._labels, name=name).set(value)
+            self._series["orch_task_metric"].labels(**self._labels, name=name).set(value)
 
     def close(self) -> None:
         if self._gpu is not None:
