@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -28,8 +27,6 @@ from orchestrator.trainer.config import (
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_GPU_SAMPLE_SECONDS",
@@ -265,7 +262,11 @@ def _number(env: Mapping[str, str], name: str, *, minimum: float) -> float | Non
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= minimum) or (name == METRICS_PORT and value != int(value)):
-        log.warning("ignoring %s=%r: not a valid value (using the default)", name, text)
+        import logging  # here: only the trainer warns, and `orch render` imports this module
+
+        logging.getLogger(__name__).warning(
+            "ignoring %s=%r: not a valid value (using the default)", name, text
+        )
         return None
     return value
 
