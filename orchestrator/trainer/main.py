@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from orchestrator.trainer.data import Layout, ShardedStream
     from orchestrator.trainer.dist import Dist
     from orchestrator.trainer.metrics import Meter
+    from orchestrator.trainer.objective import ObjectiveReport
     from orchestrator.trainer.parallel import MemoryMeter
     from orchestrator.trainer.report import Progress, Reporter, StepStats
     from orchestrator.trainer.schedule import Scheduler
@@ -95,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (preemption, drain, delete) or the first Ctrl-C: the loop finishes its step, checkpoints and
     # returns; the handlers are installed for the whole run so a signal during setup is not lost.
     stop_request = stop.StopRequest(
-        device=world.device, world_size=world.world_size, enabled=cfg.checkpoint.on_stop > 0
-    )
+        device=world.device, world_size=world.world_size, enabled=cfg.checkpoint.on_stop > 0,
+        prune_file=runtime.prune_file,
+    )  # fmt: skip
     stop_request.install()
     failed = True
     try:
@@ -127,6 +129,7 @@ def train(
     """Set up, resume, run the loop, write the results. Collective: every rank calls it.
     Returns 0, or the signal that stopped the loop early (after writing a checkpoint)."""
     from orchestrator.trainer.step import train_step
+    from orchestrator.trainer.stop import PRUNED
 
     # --- set up: task, data, model (DDP/FSDP), optimizer, schedule, precision, checkpoints -------------
     trainer = set_up(cfg, runtime, world, reporter, meter, tracker)
@@ -139,6 +142,7 @@ def train(
     # --- the loop: one optimizer step per iteration ---------------------------------------------------
     max_steps, checkpoints = trainer.max_steps, trainer.checkpoints
     batches = trainer.batches(start_step=progress.step)
+    stopping = 0
     while progress.step < max_steps:
         step_started = time.perf_counter()
         lr = trainer.scheduler.set_lr(progress.step)
@@ -159,6 +163,9 @@ def train(
         if step % cfg.log_every == 0 or step == max_steps:
             stats = trainer.log_step(stats, progress)
         meter.on_step(stats)
+        if stopping == PRUNED:  # `orch sweep` pruned this trial: it ends here, as a finished run does
+            reporter.say(f"pruned by orch sweep at step {step}/{max_steps}")
+            break
 
         if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps and not stopping:
             results = trainer.evaluate(step)
@@ -180,7 +187,7 @@ def train(
             return stopping
 
     # --- the end: final checkpoint, evaluation, summary.json, model.pt --------------------------------
-    finish(trainer, progress, resumed_from=resumed_from, started=started)
+    finish(trainer, progress, resumed_from=resumed_from, started=started, pruned=stopping == PRUNED)
     return 0
 
 
@@ -217,6 +224,8 @@ class Trainer:
     checkpoints: Checkpointer
     kept: Any
     """Where the run's results are kept: the output directory, or the object store's location (output_url)."""
+    objective: ObjectiveReport
+    """`orch sweep`'s metric, written to objective.json at each value (nothing when not in a sweep)."""
 
     @property
     def output_dir(self) -> Path:
@@ -273,6 +282,7 @@ class Trainer:
         logged = tracking.step_metrics(stats)  # loss, lr, grad_norm, samples_per_second
         extra = tracking.hook_scalars(self.task.on_log(stats.step, dict(logged)), "on_log")
         self.reporter.step(stats, extra)
+        self.objective.logged(stats.step, {**logged, **extra})
         self.meter.on_task_metrics(tracking.numeric(extra))
         self.tracker.log_metrics(stats.step, tracking.prefixed("train", {**logged, **extra}))
         return stats
@@ -290,6 +300,7 @@ class Trainer:
         )  # fmt: skip
         extra = tracking.hook_scalars(self.task.on_eval(step, dict(results)), "on_eval")
         results.update(extra)
+        self.objective.evaluated(step, results)
         self.meter.on_task_metrics(tracking.numeric(extra))
         self.tracker.log_metrics(step, tracking.prefixed("eval", results))
         return results
@@ -321,6 +332,7 @@ def set_up(
 
     from orchestrator import storage
     from orchestrator.trainer import checkpoint, data, parallel, precision
+    from orchestrator.trainer.objective import ObjectiveReport
     from orchestrator.trainer.schedule import Scheduler
     from orchestrator.trainer.tasks import build_task
 
@@ -370,6 +382,7 @@ def set_up(
         module=module, model=wrapped.model, optimizer=optimizer, fused=fused, scheduler=scheduler, scaler=scaler,
         autocast=autocast, memory=memory, layout=layout, stream=stream, max_steps=max_steps,
         eval_batches=eval_batches, checkpoints=checkpoints, kept=kept,
+        objective=ObjectiveReport(runtime.objective, Path(runtime.output_dir), enabled=world.is_main),
     )  # fmt: skip
 
 
@@ -429,8 +442,11 @@ def resume(trainer: Trainer) -> tuple[int | None, dict[str, Any] | None]:
     return step, resumed.state["counters"]
 
 
-def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, started: float) -> None:
-    """Final checkpoint, evaluation, summary.json and model.pt (rank 0), then every rank leaves together."""
+def finish(
+    trainer: Trainer, progress: Progress, *, resumed_from: int | None, started: float, pruned: bool = False
+) -> None:
+    """Final checkpoint, evaluation, summary.json and model.pt (rank 0), then every rank leaves together.
+    A pruned trial (`orch sweep`) keeps its checkpoint and summary, and skips the evaluation and model.pt."""
     import torch
 
     from orchestrator.trainer import checkpoint, precision, report
@@ -440,9 +456,10 @@ def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, st
     if resumed_from != trainer.max_steps and runtime.final_save:
         trainer.save_checkpoint(step, progress)
     trainer.checkpoints.close()  # async: the last write is on disk and in place
-    results = trainer.evaluate(step)
+    results = {} if pruned else trainer.evaluate(step)
     if results:
         trainer.reporter.evaluation(step=step, results=results)
+    trainer.objective.finish(step, pruned=pruned)
     summary = report.summary(
         job=runtime.job_name, train=cfg, world=world, layout=trainer.layout, progress=progress,
         tokens_per_sample=trainer.task.tokens_per_sample, results=results,
@@ -451,8 +468,10 @@ def finish(trainer: Trainer, progress: Progress, *, resumed_from: int | None, st
     )  # fmt: skip
     summary["parallel"] = cfg.parallel
     summary["memory"] = memory_over_ranks(trainer.memory.report())
+    if pruned:
+        summary["pruned"] = True
     # collective under FSDP: gathered to rank 0 (benchmark runs write no model: ORCH_FINAL_SAVE=0)
-    final_model = checkpoint.full_model_state(trainer.module) if runtime.final_save else None
+    final_model = checkpoint.full_model_state(trainer.module) if runtime.final_save and not pruned else None
     if world.is_main:
         write_results(trainer, summary, final_model)
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
@@ -473,9 +492,12 @@ def write_results(
     outputs.write_json(output_dir / outputs.SUMMARY, summary)
     if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
         tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
-        for name in [outputs.MODEL, outputs.SUMMARY, *tensorboard]:
+        model = [outputs.MODEL] if final_model is not None else []
+        for name in [*model, outputs.SUMMARY, *tensorboard]:
             storage.upload(output_dir / name, trainer.kept / name)
-    model_file = [output_dir / outputs.MODEL] if tracking_env.mlflow_log_model else []
+    model_file = (
+        [output_dir / outputs.MODEL] if tracking_env.mlflow_log_model and final_model is not None else []
+    )
     trainer.tracker.log_artifacts([output_dir / outputs.SUMMARY, *model_file])
     trainer.reporter.done(summary, summary_file=output_dir / outputs.SUMMARY)
 

@@ -11,6 +11,10 @@ The checkpoint is collective, so every rank must stop at the same step; but a si
 its own moment, or only the ranks of one pod (a drained node). The ranks therefore agree once per step: one
 all-reduce (MAX) of the signal number, after the step's own host sync (its gradient norm), so it adds one
 small collective and no extra wait for the GPU.
+
+`orch sweep` prunes a local trial the same way: it creates the file ORCH_PRUNE_FILE names, each rank looks
+for it at every step (one stat), and the agreed value is then PRUNED, which the loop ends like a finished run
+(a checkpoint, summary.json, exit 0: a pruned trial is done, so no restart policy may run it again).
 """
 
 from __future__ import annotations
@@ -24,14 +28,19 @@ import torch
 import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PRUNED = 256  # above every signal number: a pruned trial that is also signalled ends as pruned
 
 
 class StopRequest:
     """Installed for the training loop; `agreed()` is the signal any rank received (0: none)."""
 
-    def __init__(self, *, device: torch.device, world_size: int, enabled: bool) -> None:
-        """`enabled` False (train.checkpoint.on_stop: false): signals keep their usual effect."""
+    def __init__(
+        self, *, device: torch.device, world_size: int, enabled: bool, prune_file: str | None = None
+    ) -> None:
+        """`enabled` False (train.checkpoint.on_stop: false): signals keep their usual effect.
+        `prune_file`: `orch sweep`'s request to stop as pruned, once it exists."""
         self.enabled = enabled
+        self.prune_file = prune_file
         self.received = 0
         self._shared = torch.zeros(1, dtype=torch.int32, device=device) if world_size > 1 else None
         self._previous: dict[int, Any] = {}
@@ -55,11 +64,13 @@ class StopRequest:
         self.received = number
 
     def agreed(self) -> int:
-        """The signal number any rank has received so far, the same on every rank. A collective: every
-        rank calls it once per step."""
-        if not self.enabled or self._shared is None:
-            return self.received
-        self._shared.fill_(self.received)
+        """The signal number any rank has received so far (PRUNED once a rank sees the prune file), the
+        same on every rank. A collective: every rank calls it once per step."""
+        pruned = self.prune_file is not None and os.path.exists(self.prune_file)
+        mine = PRUNED if pruned else self.received
+        if self._shared is None or not (self.enabled or self.prune_file):
+            return mine
+        self._shared.fill_(mine)
         dist.all_reduce(self._shared, op=dist.ReduceOp.MAX)
         return int(self._shared.item())
 
