@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from orchestrator.local import LocalPlan
     from orchestrator.status import JobStatus
     from orchestrator.top import Metrics
+    from orchestrator.sweep.controller import SweepResult
+    from orchestrator.sweep.spec import Sweep
+    from orchestrator.sweep.status import SweepStatus
 
 __all__ = [
     "Build",
@@ -44,9 +47,12 @@ __all__ = [
     "Submitted",
     "WaitTimeout",
     "load_job",
+    "load_sweep",
     "render",
     "run_local",
     "top",
+    "sweep",
+    "sweep_status",
     "validate",
 ]
 
@@ -188,6 +194,37 @@ def top(
     _expect_strings("top", "exporters", exporters)
     urls = [*exporters, *([metrics.local_exporter_url(port, job=name)] if local else [])]
     return metrics.Metrics(name, prometheus=prometheus, exporters=urls, namespace=namespace, worst=worst)
+
+
+# --- a sweep: many trials of one job (docs/sweeps.md) -----------------------------------------------------------
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """A checked sweep file and its job: every problem is a SpecError naming sweep.yaml's line (exit 2),
+    found before any trial starts (parameter paths and values against the job, ranges, the metric)."""
+    from orchestrator.sweep.spec import load_sweep as load
+
+    return load(path, where="local")
+
+
+def sweep(source: str | Path | Sweep, *, notice: Callback = _silent) -> SweepResult:
+    """Run the sweep here (`orch sweep`): each trial an `orch run` of its own in runs/NAME/trial-N beside the
+    sweep file, `parallel` at once; a sweep run before continues (finished trials are not run again, trials cut
+    off are resumed from their checkpoint or asked again). `notice` hears each trial start and end. Raises
+    SweepFailed after max_failed failures, SweepInterrupted (128+signal) on SIGTERM or Ctrl-C."""
+    from orchestrator.sweep import controller, trials
+
+    checked = source if not isinstance(source, (str, Path)) else load_sweep(source)
+    return controller.run(checked, trials.LocalTrials(checked), notice=notice)
+
+
+def sweep_status(source: str | Path | Sweep, *, plot: bool = True) -> SweepStatus:
+    """Every trial of the sweep, best first (number, state, parameters, objective, run dir), and the PNG of
+    the objective per trial and per parameter in the sweep's folder (`orch sweep status`)."""
+    from orchestrator.sweep.status import status
+
+    checked = source if not isinstance(source, (str, Path)) else load_sweep(source)
+    return status(checked, draw=plot)
 
 
 # --- on a cluster ---------------------------------------------------------------------------------------------

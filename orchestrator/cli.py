@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "validate": "orchestrator.commands.spec_cmds:validate",
     "render": "orchestrator.commands.spec_cmds:render",
     "run": "orchestrator.commands.run_cmd:run",
+    "sweep": "orchestrator.commands.sweep_cmd:sweep",
     "submit": "orchestrator.commands.cluster_cmds:submit",
     "status": "orchestrator.commands.cluster_cmds:status",
     "list": "orchestrator.commands.cluster_cmds:list_jobs",

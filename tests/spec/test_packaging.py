@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "gpt-multinode.yaml"
-HEAVY = ("torch", "kubernetes")
+HEAVY = ("torch", "kubernetes", "optuna", "matplotlib")
 
 
 def imported_modules(*args: str) -> set[str]:
