@@ -60,6 +60,9 @@ ENV_MLFLOW = "ORCH_MLFLOW"  # "1": the job asked for MLflow
 ENV_MLFLOW_EXPERIMENT = "ORCH_MLFLOW_EXPERIMENT"
 ENV_MLFLOW_RUN_NAME = "ORCH_MLFLOW_RUN_NAME"
 ENV_MLFLOW_LOG_MODEL = "ORCH_MLFLOW_LOG_MODEL"  # "0": no model.pt artifact
+ENV_MLFLOW_PARENT_RUN = (
+    "ORCH_MLFLOW_PARENT_RUN_ID"  # `orch sweep`: the sweep's run, whose child each trial's is
+)
 ENV_IMAGE = "ORCH_IMAGE"
 ENV_NAMESPACE = "ORCH_NAMESPACE"  # in pods: the downward API's metadata.namespace
 ENV_API_KIND = "ORCH_API_KIND"
@@ -90,6 +93,8 @@ class TrackingSettings:
     mlflow_run_name: str | None = None
     """None: the job name."""
     mlflow_log_model: bool = True
+    mlflow_parent_run_id: str | None = None
+    """`orch sweep`: the sweep's MLflow run; the trial's run is its child (MLflow's mlflow.parentRunId tag)."""
     image: str | None = None
     namespace: str | None = None
     api_kind: str | None = None
@@ -131,6 +136,7 @@ class TrackingSettings:
             ENV_MLFLOW_EXPERIMENT: self.mlflow_experiment,
             ENV_MLFLOW_RUN_NAME: self.mlflow_run_name,
             ENV_MLFLOW_LOG_MODEL: None if self.mlflow_log_model else "0",
+            ENV_MLFLOW_PARENT_RUN: self.mlflow_parent_run_id,
             ENV_IMAGE: self.image,
             ENV_NAMESPACE: self.namespace,
             ENV_API_KIND: self.api_kind,
@@ -148,6 +154,7 @@ class TrackingSettings:
             mlflow_experiment=env.get(ENV_MLFLOW_EXPERIMENT) or None,
             mlflow_run_name=env.get(ENV_MLFLOW_RUN_NAME) or None,
             mlflow_log_model=env.get(ENV_MLFLOW_LOG_MODEL, "1") != "0",
+            mlflow_parent_run_id=env.get(ENV_MLFLOW_PARENT_RUN) or None,
             image=env.get(ENV_IMAGE) or None,
             namespace=env.get(ENV_NAMESPACE) or None,
             api_kind=env.get(ENV_API_KIND) or None,

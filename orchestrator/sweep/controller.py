@@ -31,6 +31,7 @@ from orchestrator.errors import OrchError, SpecError
 from orchestrator.sweep import owners
 from orchestrator.sweep import study as studies
 from orchestrator.sweep.spec import Sweep
+from orchestrator.sweep.tracking import SweepTracking
 from orchestrator.sweep.trials import Outcome, Running, TrialPlan, TrialRunner
 
 POLL_SECONDS = 0.2
@@ -73,8 +74,15 @@ def run(
     """Run the sweep to its end (max_trials counted, or max_failed reached: SweepFailed); SweepInterrupted on
     SIGTERM/Ctrl-C (handlers installed when called from the main thread)."""
     study = studies.open_study(sweep)
+    tracking = SweepTracking(sweep, study, notice)
+    tracking.start()
     with owners.Owner(sweep.folder) as owner, _stop_signals() as stop:
-        Controller(sweep, study, runner, owner, notice, stop).loop(poll_seconds)
+        try:
+            Controller(sweep, study, runner, owner, notice, stop, tracking).loop(poll_seconds)
+        except (SweepFailed, SpecError):
+            tracking.finish("FAILED")
+            raise
+    tracking.finish("FINISHED")
     return SweepResult(sweep.name, sweep.folder, studies.rows(study, maximize=sweep.maximize))
 
 
@@ -114,9 +122,10 @@ class Controller:
         owner: owners.Owner,
         notice: Callable[[str], None],
         stop: _Stop,
+        tracking: SweepTracking,
     ) -> None:
         self.sweep, self.study, self.runner, self.owner = sweep, study, runner, owner
-        self.notice, self.stop = notice, stop
+        self.notice, self.stop, self.tracking = notice, stop, tracking
         self.distributions = studies.distributions(sweep)
         self.running: dict[int, Running] = {}
         self.trials: dict[int, optuna.Trial] = {}
@@ -186,7 +195,7 @@ class Controller:
                 return True
             trial = self.study.ask(self.distributions)
             trial.set_user_attr(studies.OWNER, self.owner.name)
-            plan = TrialPlan(trial.number, dict(trial.params), f"trial-{trial.number}")
+            plan = self._plan(trial.number, dict(trial.params), f"trial-{trial.number}")
             trial.set_user_attr(studies.RUN, plan.run)
             self.trials[trial.number] = trial
             self.running[trial.number] = self.runner.start(plan)
@@ -216,6 +225,7 @@ class Controller:
         if outcome.state == "complete":
             assert outcome.value is not None
             self.study.tell(trial, outcome.value)
+            self.tracking.completed(number, outcome.value)
             self.notice(f"trial {number} complete: {metric} {outcome.value:.4g}" + self._best(number))
         elif outcome.state == "pruned":
             self.study.tell(trial, state=TrialState.PRUNED)
@@ -271,9 +281,12 @@ class Controller:
     # --- helpers --------------------------------------------------------------------------------------------
 
     def _plan_of(self, trial: FrozenTrial) -> TrialPlan:
-        return TrialPlan(
-            trial.number, dict(trial.params), trial.user_attrs.get(studies.RUN) or f"trial-{trial.number}"
-        )
+        run = trial.user_attrs.get(studies.RUN) or f"trial-{trial.number}"
+        return self._plan(trial.number, dict(trial.params), run)
+
+    def _plan(self, number: int, params: dict[str, Any], run: str) -> TrialPlan:
+        plan = TrialPlan(number, params, run)
+        return TrialPlan(number, params, run, env=self.tracking.env(plan))
 
     def _where(self, plan: TrialPlan) -> str:
         return f"{self.sweep.folder / plan.run}/"

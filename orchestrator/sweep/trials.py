@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
@@ -43,6 +42,8 @@ class TrialPlan:
     params: dict[str, Any]
     run: str
     """Its run dir, relative to the sweep's folder: trial-N."""
+    env: dict[str, str] = field(default_factory=dict)
+    """What its processes' environment gets besides the job's (its MLflow run's name and parent)."""
 
 
 OutcomeState = Literal["complete", "pruned", "failed", "interrupted"]
@@ -104,10 +105,8 @@ class TrialRunner(Protocol):
 class LocalTrials:
     """Trials as `orch run` processes on this machine."""
 
-    def __init__(self, sweep: Sweep, *, env: Callable[[TrialPlan], dict[str, str]] | None = None) -> None:
+    def __init__(self, sweep: Sweep) -> None:
         self.sweep = sweep
-        self.env = env or (lambda plan: {})
-        """What to add to a trial's environment (its MLflow run's name and parent)."""
 
     def run_dir(self, plan: TrialPlan) -> Path:
         return self.sweep.folder / plan.run
@@ -122,7 +121,7 @@ class LocalTrials:
         argv += ["--out", str(run_dir)]
         env = {
             **os.environ,
-            **self.env(plan),
+            **plan.env,
             runtime_env.OBJECTIVE: self.sweep.metric,
             runtime_env.PRUNE_FILE: str((run_dir / PRUNE_REQUEST).resolve()),
         }

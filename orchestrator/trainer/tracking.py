@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 # Tags on the MLflow run. `mlflow.source.git.commit` is MLflow's own (its UI shows it as the run's source).
 TAG_JOB, TAG_NAMESPACE, TAG_API_KIND = "orch.job", "orch.namespace", "orch.api_kind"
 TAG_GIT_COMMIT = "mlflow.source.git.commit"
+TAG_PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: its UI nests the run under that one (an `orch sweep`'s)
 # The training run's key, kept in its checkpoints: how a resume finds an MLflow run its checkpoint cannot name.
 TAG_RUN_KEY = "orch.run_key"
 # MLflow's REST limits per log_batch request.
@@ -466,6 +467,7 @@ def build(
             TAG_NAMESPACE: settings.namespace,
             TAG_API_KIND: settings.api_kind,
             TAG_GIT_COMMIT: settings.git_commit,
+            TAG_PARENT_RUN: settings.mlflow_parent_run_id,
         }
         trackers.append(
             MlflowTracker(

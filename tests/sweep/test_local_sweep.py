@@ -1,0 +1,209 @@
+"""`orch sweep` for real: each trial an `orch run` of the digits task (one process, 20 steps).
+
+Every trial launches torch twice (the launcher and its rank, ~10 CPU-s a trial on this machine), so the file
+runs two sweeps, each once, shared by its tests through module-scoped fixtures: six trials, 2 at once, cut by
+a SIGTERM mid-sweep and run again to the end (~8 trial launches); and a grid of 3, one at a time, whose last
+trial (lr 10) the median pruner stops (~3 launches). About 110 CPU-s in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.fakes.cli import run_orch
+from tests.sweep.conftest import write_sweep
+
+ORCH = [sys.executable, "-m", "orchestrator"]
+LAUNCH_HEADER = (
+    "--- orch run:"  # the first line of every start in a rank's log (orchestrator/local_worker.py)
+)
+
+SIX = """\
+job: job.yaml
+objective: {metric: eval/loss, goal: minimize}
+parameters:
+  train.optimizer.lr: {type: float, low: 1.0e-3, high: 3.0e-2, log: true}
+max_trials: 6
+parallel: 2
+"""
+
+
+@dataclass
+class Resumed:
+    sweep_file: Path
+    folder: Path
+    first: subprocess.CompletedProcess[str]
+    complete_before: set[int]
+    """Trials that had completed when the SIGTERM came."""
+    mid_way: set[int]
+    """Trials past a checkpoint, not finished, when the SIGTERM came."""
+    second: subprocess.CompletedProcess[str]
+    status: dict
+
+
+def wait_for(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline, pause = time.monotonic() + timeout, 0.05
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def mid_training(folder: Path) -> set[int]:
+    """Trials past their step-10 checkpoint and not finished (10 steps to go)."""
+    return {
+        int(run.name.removeprefix("trial-"))
+        for run in folder.glob("trial-*")
+        if any((run / "checkpoints").glob("step-*")) and not (run / "summary.json").exists()
+    }
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> Resumed:
+    """Six trials, 2 at once; SIGTERM once one has completed and another is past its first checkpoint; then
+    `orch sweep` again."""
+    root = tmp_path_factory.mktemp("six")
+    sweep_file = write_sweep(root, SIX)
+    folder = root / "runs" / "sweep"
+    log = root / "first.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            [*ORCH, "sweep", str(sweep_file)], cwd=root, stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True, text=True,
+        )  # fmt: skip
+    try:
+        mid_way = wait_for(
+            lambda: "complete" in log.read_text() and mid_training(folder), 400, "a trial past a checkpoint"
+        )
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    text = log.read_text()
+    first = subprocess.CompletedProcess(process.args, process.returncode, text, "")
+    complete_before = {int(line.split()[1]) for line in text.splitlines() if " complete: " in line}
+    second = subprocess.run(
+        [*ORCH, "sweep", str(sweep_file)], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    status = run_orch("sweep", "status", str(sweep_file), "-o", "json", cwd=root)
+    assert status.returncode == 0, status.stderr
+    return Resumed(sweep_file, folder, first, complete_before, mid_way, second, json.loads(status.stdout))
+
+
+def test_sigterm_mid_sweep_then_a_rerun_finishes_with_exactly_max_trials(resumed):
+    assert resumed.first.returncode == 128 + signal.SIGTERM, resumed.first.stdout
+    assert re.search(
+        r"error: interrupted by SIGTERM: stopped [12] running trials? \(with their checkpoints\)",
+        resumed.first.stdout,
+    )
+    assert not resumed.complete_before & resumed.mid_way
+    assert resumed.second.returncode == 0, resumed.second.stdout + resumed.second.stderr
+    counted = [trial for trial in resumed.status["trials"] if not trial["rerun"]]
+    assert len(counted) == 6 and {t["state"] for t in counted} == {"complete"}
+    # a trial complete before the SIGTERM never ran again: its rank started once
+    assert resumed.complete_before
+    for number in resumed.complete_before:
+        log = (resumed.folder / f"trial-{number}" / "logs" / "rank-0.log").read_text()
+        assert log.count(LAUNCH_HEADER) == 1, number
+        assert f"trial {number} " not in resumed.second.stdout
+    # those stopped past a checkpoint were resumed from it by the rerun, under their own numbers (the other
+    # one stopped is resumed too, or, stopped before its first checkpoint, asked again)
+    lines = resumed.second.stdout.splitlines()
+    resumed_trials = {int(line.split()[1]) for line in lines if "resumed from its checkpoint" in line}
+    assert resumed.mid_way <= resumed_trials, resumed.second.stdout
+    for number in resumed_trials:
+        console = (resumed.folder / f"trial-{number}" / "console.log").read_text()
+        assert "stopped by SIGTERM at step" in console and "resumed from" in console
+        assert f"trial {number} complete: " in resumed.second.stdout
+
+
+def test_the_best_row_is_the_best_value_and_every_run_dir_holds_its_result(resumed):
+    trials = resumed.status["trials"]
+    values = [t["value"] for t in trials if t["state"] == "complete"]
+    assert trials[0]["value"] == min(values) and resumed.status["best"] == trials[0]["number"]
+    for trial in trials:
+        if trial["state"] != "complete":
+            continue
+        run_dir = Path(trial["run_dir"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        objective = json.loads((run_dir / "objective.json").read_text())
+        assert summary["steps"] == 20 and summary["eval"]["loss"] == pytest.approx(trial["value"])
+        assert objective["final"] == pytest.approx(trial["value"]) and objective["values"][-1][0] == 20
+        assert [step for step, _ in objective["values"]] == [5, 10, 15, 20]  # once each, resumed or not
+
+
+def test_status_prints_the_trials_best_first_and_draws_them(resumed):
+    result = run_orch("sweep", "status", str(resumed.sweep_file), cwd=resumed.sweep_file.parent)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["TRIAL", "STATE", "EVAL/LOSS", "LR", "RUN", "DIR"]
+    assert lines[1].split()[0] == str(resumed.status["best"])
+    assert "6 of 6 trials" in result.stdout
+    plot = Path(resumed.status["plot"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- pruning -------------------------------------------------------------------------------------------------
+
+HOPELESS = 10.0
+
+
+def grid_order(values: list[float]) -> list[float]:
+    """The order Optuna's GridSampler asks a one-parameter grid in (it shuffles, with a fixed seed)."""
+    study = optuna.create_study(sampler=optuna.samplers.GridSampler({"lr": values}))
+    return [study.ask().suggest_categorical("lr", values) for _ in values]
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """A grid of three learning rates, one at a time, median pruning after one finished trial: the first
+    learns slowly, the second faster (never pruned: below the median), the last (lr 10) cannot learn."""
+    wanted = [3.0e-4, 3.0e-3, HOPELESS]  # the order they should run in
+    order = grid_order([0.0, 1.0, 2.0])
+    values = [0.0] * 3
+    for position, index in enumerate(order):
+        values[int(index)] = wanted[position]
+    assert grid_order(values) == wanted
+    root = tmp_path_factory.mktemp("pruned")
+    sweep_file = write_sweep(
+        root,
+        "job: job.yaml\n"
+        "objective: {metric: eval/loss, goal: minimize}\n"
+        f"parameters:\n  train.optimizer.lr: {{type: categorical, values: {json.dumps(values)}}}\n"
+        "algorithm: grid\nparallel: 1\nearly_stopping: {name: median, min_trials: 1}\n",
+    )
+    result = subprocess.run(
+        [*ORCH, "sweep", str(sweep_file)], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    status = run_orch("sweep", "status", str(sweep_file), "-o", "json", cwd=root)
+    return result, json.loads(status.stdout)
+
+
+def test_median_pruning_stops_the_hopeless_trial_with_its_checkpoint(pruned):
+    result, status = pruned
+    assert result.returncode == 0, result.stdout + result.stderr
+    by_lr = {trial["params"]["train.optimizer.lr"]: trial for trial in status["trials"]}
+    hopeless = by_lr[HOPELESS]
+    assert hopeless["state"] == "pruned" and hopeless["step"] < 20, status
+    assert by_lr[3.0e-4]["state"] == by_lr[3.0e-3]["state"] == "complete"
+    assert f"trial {hopeless['number']} pruned at step {hopeless['step']}: eval/loss" in result.stdout
+    run_dir = Path(hopeless["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())  # its orch run exited 0, as a finished run
+    assert summary["pruned"] is True and summary["steps"] < 20
+    assert any((run_dir / "checkpoints").glob(f"step-{summary['steps']:08d}"))  # kept, to resume or inspect
+    assert not (run_dir / "model.pt").exists()
+    assert f"pruned by orch sweep at step {summary['steps']}/20" in (run_dir / "console.log").read_text()
