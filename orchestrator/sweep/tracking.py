@@ -50,10 +50,13 @@ class SweepTracking:
             or os.environ.get("MLFLOW_TRACKING_URI")
         )
         experiment = os.environ.get(runtime_env.ENV_MLFLOW_EXPERIMENT) or settings.mlflow_experiment
-        for name, value in {
+        # as the trainer's tracker: a short HTTP budget, and `file:` stores allowed (MLflow 3 refuses them unless told)
+        defaults = {
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
             "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
-        }.items():
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+        }
+        for name, value in defaults.items():
             os.environ.setdefault(name, value)
         try:
             self.run_id = self._parent(uri, experiment or self.sweep.job.name)

@@ -22,7 +22,7 @@ import optuna
 import pytest
 
 from tests.fakes.cli import run_orch
-from tests.sweep.conftest import write_sweep
+from tests.sweep.conftest import DIGITS_JOB, write_sweep
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 LAUNCH_HEADER = (
@@ -169,9 +169,10 @@ def grid_order(values: list[float]) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def pruned(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict]:
+def pruned(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict, str]:
     """A grid of three learning rates, one at a time, median pruning after one finished trial: the first
-    learns slowly, the second faster (never pruned: below the median), the last (lr 10) cannot learn."""
+    learns slowly, the second faster (never pruned: below the median), the last (lr 10) cannot learn. The job
+    records to MLflow (a `file:` store: the same client calls as a server's, without starting one)."""
     wanted = [3.0e-4, 3.0e-3, HOPELESS]  # the order they should run in
     order = grid_order([0.0, 1.0, 2.0])
     values = [0.0] * 3
@@ -179,31 +180,61 @@ def pruned(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict]:
         values[int(index)] = wanted[position]
     assert grid_order(values) == wanted
     root = tmp_path_factory.mktemp("pruned")
+    mlruns = f"file:{root / 'mlruns'}"
+    job = {**DIGITS_JOB, "tracking": {"mlflow": {"tracking_uri": mlruns, "experiment": "lr"}}}
     sweep_file = write_sweep(
         root,
         "job: job.yaml\n"
         "objective: {metric: eval/loss, goal: minimize}\n"
         f"parameters:\n  train.optimizer.lr: {{type: categorical, values: {json.dumps(values)}}}\n"
         "algorithm: grid\nparallel: 1\nearly_stopping: {name: median, min_trials: 1}\n",
+        job=job,
     )
     result = subprocess.run(
         [*ORCH, "sweep", str(sweep_file)], cwd=root, capture_output=True, text=True, timeout=600
     )
     status = run_orch("sweep", "status", str(sweep_file), "-o", "json", cwd=root)
-    return result, json.loads(status.stdout)
+    return result, json.loads(status.stdout), mlruns
 
 
 def test_median_pruning_stops_the_hopeless_trial_with_its_checkpoint(pruned):
-    result, status = pruned
+    result, status, _ = pruned
     assert result.returncode == 0, result.stdout + result.stderr
     by_lr = {trial["params"]["train.optimizer.lr"]: trial for trial in status["trials"]}
     hopeless = by_lr[HOPELESS]
     assert hopeless["state"] == "pruned" and hopeless["step"] < 20, status
     assert by_lr[3.0e-4]["state"] == by_lr[3.0e-3]["state"] == "complete"
-    assert f"trial {hopeless['number']} pruned at step {hopeless['step']}: eval/loss" in result.stdout
+    assert re.search(rf"trial {hopeless['number']} pruned at step \d+: eval/loss", result.stdout)
     run_dir = Path(hopeless["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())  # its orch run exited 0, as a finished run
     assert summary["pruned"] is True and summary["steps"] < 20
     assert any((run_dir / "checkpoints").glob(f"step-{summary['steps']:08d}"))  # kept, to resume or inspect
     assert not (run_dir / "model.pt").exists()
     assert f"pruned by orch sweep at step {summary['steps']}/20" in (run_dir / "console.log").read_text()
+
+
+def test_mlflow_has_a_parent_run_for_the_sweep_and_a_child_per_trial(pruned, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads file stores only when told
+    from mlflow.tracking import MlflowClient
+
+    _, status, mlruns = pruned
+    client = MlflowClient(tracking_uri=mlruns)
+    experiment = client.get_experiment_by_name("lr")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [run for run in runs if run.data.tags.get("orch.sweep") == "sweep"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.params["sweep.algorithm"] == "grid"
+    children = {
+        run.info.run_name: run
+        for run in runs
+        if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    assert sorted(children) == [f"digits-sweep-trial-{n}" for n in range(3)]
+    best = min(t["value"] for t in status["trials"] if t["state"] == "complete")
+    assert parent.data.metrics["best/eval/loss"] == pytest.approx(best)
+    for trial in status["trials"]:  # each child holds its trial's own evaluations
+        child = children[f"digits-sweep-trial-{trial['number']}"]
+        history = client.get_metric_history(child.info.run_id, "eval/loss")
+        assert history[-1].value == pytest.approx(trial["value"])
