@@ -10,10 +10,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from benchmarks import cli, cluster, data_order, training
+from benchmarks import cli, cluster, data_order, sweep, training
 from benchmarks.harness import BenchError
 
-SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data", "cluster")
+SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data", "cluster", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             results["cluster"] = cluster.measure(sizes=sizes, rounds=1 if quick else 3)
         if "data" in sections:
             results["data"] = data_order.order_cost(steps=50 if quick else 200)
+        if "sweep" in sections:
+            results["sweep"] = sweep.overhead(trials=3 if quick else 6)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -317,6 +317,8 @@ def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local"
         folder=file.parent / "runs" / (spec.name or label_safe(file.stem)),
         positions=positions,
     )
+    if problem := shared_output(job):
+        raise fail(("job",), f"{job_file.name}: {problem}")
     for path, parameter in spec.parameters.items():
         for value in parameter.extremes():
             try:
@@ -331,6 +333,19 @@ def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local"
     if found := metric_problem(spec, job):
         raise fail(*found)
     return sweep
+
+
+def shared_output(job: JobSpec) -> str | None:
+    """Why every trial would write to one place (each trial's results belong in its own run dir)."""
+    if job.output is not None and job.output.url:
+        return "output.url would have every trial write to the same store: remove it for a sweep"
+    directory = job.train.checkpoint.dir if job.train is not None else None
+    if directory and (directory.startswith("/") or "://" in directory):
+        return (
+            f"train.checkpoint.dir {directory} would have every trial write to the same checkpoints: "
+            "use a relative one (under each trial's run dir) or none"
+        )
+    return None
 
 
 def metric_problem(spec: SweepSpec, job: JobSpec) -> tuple[FieldPath, str] | None:

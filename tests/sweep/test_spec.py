@@ -7,6 +7,7 @@ import pytest
 
 from orchestrator.sweep import spec
 from tests.fakes.cli import run_orch
+from tests.spec.test_packaging import imported_modules
 from tests.sweep.conftest import DIGITS_JOB, write_sweep
 
 GOOD = """\
@@ -190,3 +191,37 @@ def test_the_builtin_tasks_record_the_metrics_the_sweep_expects():
         names = {"loss", *(built.eval_metrics(outputs, batch[1]) if built.eval_metrics else {})}
         assert set(spec.builtin_eval_metrics(task, args) or ()) == names, task
     assert spec.builtin_eval_metrics("synthetic", {"eval_samples": 0}) == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("output", {"url": "s3://bucket/runs"}, "output.url would have every trial write to the same store"),
+        (
+            "checkpoint",
+            {"dir": "/shared/ckpt"},
+            "train.checkpoint.dir /shared/ckpt would have every trial write",
+        ),
+    ],
+)
+def test_a_job_whose_trials_would_share_their_output_is_refused(tmp_path, field, value, expected):
+    job = (
+        {**DIGITS_JOB, "output": value}
+        if field == "output"
+        else {**DIGITS_JOB, "train": {**DIGITS_JOB["train"], "checkpoint": value}}
+    )
+    result = run_orch("sweep", str(write_sweep(tmp_path, GOOD, job=job)), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"sweep.yaml:1:1: job: job.yaml: {expected}" in result.stderr
+
+
+def test_status_of_a_sweep_that_never_ran(tmp_path):
+    result = run_orch("sweep", "status", "sweep.yaml", cwd=write_sweep(tmp_path, GOOD).parent)
+    assert result.returncode == 2
+    assert "error: sweep sweep has not run yet (no runs/sweep/study.journal): orch sweep " in result.stderr
+
+
+@pytest.mark.parametrize("args", [("sweep", "--help"), ("sweep", "status", "--help")])
+def test_sweep_help_imports_neither_optuna_nor_torch(args):
+    modules = imported_modules(*args)
+    assert "click" in modules and not modules & {"optuna", "torch", "matplotlib", "kubernetes"}
