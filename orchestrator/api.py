@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
     from orchestrator.local import LocalPlan
     from orchestrator.status import JobStatus
-    from orchestrator.top import Metrics
     from orchestrator.sweep.controller import SweepResult
     from orchestrator.sweep.spec import Sweep
     from orchestrator.sweep.status import SweepStatus
+    from orchestrator.top import Metrics
 
 __all__ = [
     "Build",

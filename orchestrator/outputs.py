@@ -19,6 +19,9 @@ in the table below, with who writes it, and its writer and reader use the name.
       tracking.json           the trainer (rank 0): the run's MLflow/TensorBoard links, for `orch run`
       tensorboard/            the trainer (rank 0): TensorBoard's event files (tracking.tensorboard)
       .orch-starts/           a pod's launcher: how often each pod started (restart.policy: exit-code)
+      objective.json          the trainer (rank 0), in an `orch sweep` trial: its objective at each value
+      prune.request           orch sweep: created to stop the trial as pruned (the trainer's stop path)
+      console.log             orch sweep: what the trial's `orch run` printed
 
 Stdlib only, and light: the launchers import it before anything else (a rank's shim, a pod's PID 1).
 """
@@ -49,6 +52,9 @@ MODEL = "model.pt"
 LINKS = "tracking.json"
 TENSORBOARD = "tensorboard"
 STARTS = ".orch-starts"
+OBJECTIVE = "objective.json"
+PRUNE_REQUEST = "prune.request"
+CONSOLE = "console.log"
 
 # What `orch run` leaves in OUT: a folder holding one of these is a run's output, not the user's code.
 LOCAL_RUN_MARKERS = (RUN_RECORD, RUN_LOCK)

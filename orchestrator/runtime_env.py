@@ -47,12 +47,11 @@ PEAK_TFLOPS = "ORCH_PEAK_TFLOPS"
 PROGRESS_FILE = "ORCH_PROGRESS_FILE"  # `orch run`: rank 0's JSON events, drawn as a progress bar
 LOG_LINES = "ORCH_LOG_LINES"  # "0": no plain log lines (the progress bar draws instead)
 FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benchmark runs)
-# `orch sweep` (orchestrator/sweep/): the metric a trial is judged on, which rank 0 writes to OBJECTIVE_FILE in the
-# output directory at each evaluation (train/*: each log step) and at the end; and the file whose appearance
-# asks the trial to stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md)
+# `orch sweep` (orchestrator/sweep/): the metric a trial is judged on, which rank 0 writes to OUT/objective.json
+# at each evaluation (train/*: each log step) and at the end; and the file whose appearance asks the trial to
+# stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md)
 OBJECTIVE = "ORCH_OBJECTIVE"
 PRUNE_FILE = "ORCH_PRUNE_FILE"
-OBJECTIVE_FILE = "objective.json"
 
 # --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
@@ -197,7 +196,7 @@ class RuntimeEnv:
     tracking: TrackingSettings = field(default_factory=lambda: TrackingSettings())
     """MLflow and TensorBoard (job.yaml's `tracking:`); nothing in the environment when off."""
     objective: str | None = None
-    """`orch sweep`: the metric (eval/loss, train/loss) written to OBJECTIVE_FILE; None: no file."""
+    """`orch sweep`: the metric (eval/loss, train/loss) written to OUT/objective.json; None: no file."""
     prune_file: str | None = None
     """`orch sweep`, local trials: the file whose appearance stops the run as pruned; None: never pruned."""
 

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.errors import SpecError
-from orchestrator.yaml_positions import FieldPath, Position
+from orchestrator.job.yaml_positions import FieldPath, Position
 
 if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+    from orchestrator.job.spec import JobSpec
 
 MAX_GRID_POINTS = 10_000  # GridSampler holds every combination in memory, and nobody runs more trials
 MAX_PARAMETERS = 64
@@ -272,7 +272,7 @@ class Sweep:
 def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local") -> Sweep:
     """Read and check sweep.yaml and its job, for trials run `where`; SpecError (exit 2) at the first problem,
     before anything is created."""
-    from orchestrator import loading
+    from orchestrator.job import loading
 
     file = Path(path)
     text = _read(file)
@@ -402,7 +402,7 @@ def yaml_value(value: Any) -> str:
 
 
 def _read(file: Path) -> str:
-    from orchestrator import loading
+    from orchestrator.job import loading
 
     try:
         return loading.read_job_text(file)

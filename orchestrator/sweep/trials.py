@@ -14,7 +14,6 @@ which the trainer's stop path ends as a finished run (checkpoint, summary.json, 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -24,14 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from orchestrator import runtime_env
+from orchestrator import outputs, runtime_env
 from orchestrator.sweep import owners
 from orchestrator.sweep.spec import Sweep
-
-CONSOLE = "console.log"  # the trial's `orch run` output
-PRUNE_REQUEST = "prune.request"
-SUMMARY = "summary.json"
-RUN_LOCK = "run.lock"  # orch run's own lock on its output directory (orchestrator/local/output_dir.py)
 
 
 @dataclass(frozen=True)
@@ -114,7 +108,7 @@ class LocalTrials:
     def start(self, plan: TrialPlan) -> LocalTrial:
         run_dir = self.run_dir(plan)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / PRUNE_REQUEST).unlink(missing_ok=True)
+        (run_dir / outputs.PRUNE_REQUEST).unlink(missing_ok=True)
         argv = [sys.executable, "-m", "orchestrator", "run", str(self.sweep.job_file)]
         for override in self.sweep.overrides(plan.params):
             argv += ["--set", override]
@@ -123,9 +117,9 @@ class LocalTrials:
             **os.environ,
             **plan.env,
             runtime_env.OBJECTIVE: self.sweep.metric,
-            runtime_env.PRUNE_FILE: str((run_dir / PRUNE_REQUEST).resolve()),
+            runtime_env.PRUNE_FILE: str((run_dir / outputs.PRUNE_REQUEST).resolve()),
         }
-        console = open(run_dir / CONSOLE, "ab")  # noqa: SIM115 (the child's stdout; closed when it ends)
+        console = open(run_dir / outputs.CONSOLE, "ab")  # noqa: SIM115 (the child's stdout; closed when it ends)
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -141,9 +135,9 @@ class LocalTrials:
         run_dir = self.run_dir(plan)
         if not run_dir.is_dir():
             return Outcome("interrupted", error=f"{run_dir} is gone")
-        if owners.locked(run_dir / RUN_LOCK):
+        if owners.locked(run_dir / outputs.RUN_LOCK):
             return None  # its orch run outlived the sweep and is still writing its stop checkpoint
-        if (run_dir / SUMMARY).exists():  # it finished while no sweep watched
+        if (run_dir / outputs.SUMMARY).exists():  # it finished while no sweep watched
             return finished(run_dir, self.sweep.metric)
         if has_checkpoint(run_dir, self.sweep):
             return self.start(plan)  # `orch run` on the same --out resumes from the checkpoint
@@ -167,7 +161,7 @@ class LocalTrial:
         self._seen: tuple[float, list[tuple[int, float]]] = (0.0, [])
 
     def values(self) -> list[tuple[int, float]]:
-        path = self.run_dir / runtime_env.OBJECTIVE_FILE
+        path = self.run_dir / outputs.OBJECTIVE
         try:
             mtime = path.stat().st_mtime
         except FileNotFoundError:
@@ -177,7 +171,7 @@ class LocalTrial:
         return self._seen[1]
 
     def prune(self) -> None:
-        (self.run_dir / PRUNE_REQUEST).touch()
+        (self.run_dir / outputs.PRUNE_REQUEST).touch()
 
     def interrupt(self, signum: int) -> None:
         self._interrupted = True
@@ -196,7 +190,7 @@ class LocalTrial:
         self._console.close()
         if code == 0:
             return finished(self.run_dir, self.metric)
-        error = last_error(self.run_dir / CONSOLE)
+        error = last_error(self.run_dir / outputs.CONSOLE)
         stopped = code in (130, 128 + signal.SIGTERM) or -code in (signal.SIGINT, signal.SIGTERM)
         if self._interrupted and stopped:
             return Outcome("interrupted", exit_class="interrupted", error=error)
@@ -205,8 +199,8 @@ class LocalTrial:
 
 def finished(run_dir: Path, metric: str) -> Outcome:
     """A trial whose `orch run` exited 0: complete with its final value, pruned, or failed for want of one."""
-    objective = read_objective(run_dir / runtime_env.OBJECTIVE_FILE)
-    summary = _read_json(run_dir / SUMMARY)
+    objective = read_objective(run_dir / outputs.OBJECTIVE)
+    summary = outputs.read_json(run_dir / outputs.SUMMARY)
     values = reported_values(objective)
     if summary.get("pruned") or objective.get("pruned"):
         return Outcome("pruned", value=values[-1][1] if values else None)
@@ -217,7 +211,7 @@ def finished(run_dir: Path, metric: str) -> Outcome:
             "failed",
             exit_class="no objective",
             error=f"the trial recorded no {metric}"
-            + (f" (it recorded {', '.join(recorded)})" if recorded else f" ({runtime_env.OBJECTIVE_FILE})"),
+            + (f" (it recorded {', '.join(recorded)})" if recorded else f" ({outputs.OBJECTIVE})"),
             recorded=recorded,
         )
     if not math.isfinite(final):
@@ -226,7 +220,7 @@ def finished(run_dir: Path, metric: str) -> Outcome:
 
 
 def read_objective(path: Path) -> dict[str, Any]:
-    return _read_json(path)
+    return outputs.read_json(path)
 
 
 def reported_values(objective: dict[str, Any]) -> list[tuple[int, float]]:
@@ -268,7 +262,7 @@ def has_checkpoint(run_dir: Path, sweep: Sweep) -> bool:
     train = sweep.job.train
     if train is None:
         return False
-    directory = run_dir / (train.checkpoint.dir or "checkpoints")
+    directory = run_dir / (train.checkpoint.dir or outputs.CHECKPOINTS)
     return directory.is_dir() and any(entry.name.startswith("step-") for entry in directory.iterdir())
 
 
@@ -295,11 +289,3 @@ def _number(value: Any) -> float | None:
     if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
         return float(value)
     return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

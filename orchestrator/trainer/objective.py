@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runtime_env import OBJECTIVE_FILE
+from orchestrator import outputs
 
 
 class ObjectiveReport:
@@ -30,7 +30,7 @@ class ObjectiveReport:
 
     def __init__(self, metric: str | None, output_dir: Path, *, enabled: bool) -> None:
         self.metric = metric if enabled else None
-        self.path = output_dir / OBJECTIVE_FILE
+        self.path = output_dir / outputs.OBJECTIVE
         self.values: list[list[float]] = []
         self.recorded: set[str] = set()
         if self.metric is not None and self.path.exists():  # a resumed trial keeps its earlier values
@@ -72,12 +72,10 @@ class ObjectiveReport:
         self._write(final=None, pruned=False)
 
     def _write(self, *, final: float | None, pruned: bool) -> None:
-        from orchestrator.trainer.report import write_json
-
         def finite(value: float | None) -> float | str | None:  # JSON has no NaN: say it in words
             return value if value is None or math.isfinite(value) else str(value)
 
-        write_json(
+        outputs.write_json(
             self.path,
             {
                 "metric": self.metric,

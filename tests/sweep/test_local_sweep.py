@@ -26,7 +26,7 @@ from tests.sweep.conftest import DIGITS_JOB, write_sweep
 
 ORCH = [sys.executable, "-m", "orchestrator"]
 LAUNCH_HEADER = (
-    "--- orch run:"  # the first line of every start in a rank's log (orchestrator/local_worker.py)
+    "--- orch run:"  # the first line of every start in a rank's log (orchestrator/local/worker.py)
 )
 
 SIX = """\

@@ -167,7 +167,7 @@ def test_a_task_of_the_users_own_may_record_any_metric(tmp_path):
 
 def test_parameter_values_go_to_the_job_as_they_were_written():
     """Each value is a --set value the job loader reads back as the same value and type."""
-    from orchestrator import loading
+    from orchestrator.job import loading
 
     for value in [1e-05, 3.0e-4, 0.1, 1e20, 2.5, 7, True, "cosine", "1e-3", "yes"]:
         data: dict = {}
