@@ -10,9 +10,16 @@ with exponential backoff by itself.
 Credentials and endpoints come from the environment, as every S3 tool reads them: AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL (S3-compatible stores: MinIO, Ceph);
 GOOGLE_SERVICE_ACCOUNT / GOOGLE_APPLICATION_CREDENTIALS for gs://; AZURE_STORAGE_ACCOUNT_NAME /
-AZURE_STORAGE_ACCOUNT_KEY for az://. In a pod they come from `secret_env`. An `http://` endpoint is allowed
-(object_store refuses plain HTTP unless told). ORCH_STORAGE_RETRY_SECONDS bounds how long one request is
-retried (default 180 s) before the run fails.
+AZURE_STORAGE_ACCOUNT_KEY for az://. In a pod they come from `secret_env`. AWS_ENDPOINT_URL_S3 (the AWS
+SDKs' and CLI's S3-only variable) wins over AWS_ENDPOINT_URL, as it does there; object_store itself reads only
+the latter. An `http://` endpoint is allowed (object_store refuses plain HTTP unless told).
+ORCH_STORAGE_RETRY_SECONDS bounds how long one request is retried (default 180 s) before the run fails; the
+probe at start (`check_writable`) waits PROBE_SECONDS at most, so a store that does not answer stops a run
+before it starts, not three minutes later.
+
+A failure names the endpoint that was asked and where it came from (`the store at http://127.0.0.1:9000
+(AWS_ENDPOINT_URL) cannot be reached (connection refused)`; with no endpoint set, AWS's own), with any
+credential in it redacted: most failures of a new setup are a wrong or unset endpoint.
 
 Imports nothing heavy at module level: `orch render` and the spec's validation use `url_problem`.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,22 @@ SCHEMES = ("s3", "gs", "az")
 """Object stores orch writes to (each is one obstore backend; `s3` covers S3-compatible stores)."""
 RETRY_SECONDS = "ORCH_STORAGE_RETRY_SECONDS"
 DEFAULT_RETRY_SECONDS = 180.0
+PROBE_SECONDS = 15.0
+"""The start's probe: its whole wait, retries included (requests time out after PROBE_REQUEST_SECONDS)."""
+PROBE_REQUEST_SECONDS = 5
 URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://(?P<bucket>[^/]*)(?P<prefix>/.*)?$")
+S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+"""Where an S3-compatible store's endpoint is read from, first set wins (the SDKs' order; AWS_ENDPOINT is
+object_store's older spelling)."""
+SECRET_VARIABLES = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+)
+"""Never in a message, even where a store's answer would echo one."""
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+DOT_SEGMENT = re.compile(r"^(\.|%2e){1,2}$", re.IGNORECASE)  # ., .., and their percent-encoded forms
 
 
 class StorageError(RuntimeError):
@@ -65,8 +88,19 @@ def url_problem(text: str) -> str | None:
             "has a query string or fragment (? or #), where signed URLs and SAS tokens keep credentials: a "
             "prefix cannot hold one; give credentials to the pods as secret_env"
         )
-    if not match["bucket"]:
+    if CONTROL_CHARACTER.search(text):
+        return "has a control character (a newline, a tab, ESC): a key cannot hold one"
+    bucket = match["bucket"]
+    if not bucket:
         return f"{text!r} names no bucket ({scheme}://BUCKET/prefix)"
+    if ":" in bucket:  # s3://127.0.0.1:9000/bucket: the address of a local store where the bucket goes
+        where = f"AWS_ENDPOINT_URL=http://{bucket}" if scheme == "s3" else "the store's variables"
+        return f"{bucket!r} is not a bucket name: a store's address goes in {where}, not in the URL"
+    segments = [bucket, *(match["prefix"] or "").rstrip("/").split("/")[1:]]
+    if any(DOT_SEGMENT.match(segment) for segment in segments):
+        return f"{text!r} has a . or .. segment: object-store keys are not paths (.. goes up nowhere, and obstore refuses it): write the prefix without it"
+    if "" in segments:
+        return f"{text!r} has an empty segment (//): object stores refuse such keys"
     return None
 
 
@@ -99,19 +133,96 @@ def remove_tree(path: Any) -> None:
 
 
 def check_writable(url: str) -> None:
-    """Write and delete a probe object under `url`: a missing bucket, bad credentials or an unreachable
-    endpoint fail here, at start, as one StorageError line, not at the first checkpoint."""
-    root = location(url)
-    probe = root / ".orch-write-check"
+    """Write and delete a probe object under `url`: a missing bucket, bad credentials or an endpoint that is
+    down or does not answer fail here, at start, as one StorageError line within about PROBE_SECONDS, not
+    at the first checkpoint. Through obstore itself, whose errors say why a request failed (a refused
+    connection, a timeout); fsspec's file objects keep only the first line."""
+    import obstore
+
+    # Short requests and a short retry budget: a silent endpoint would otherwise hold the start for
+    # ORCH_STORAGE_RETRY_SECONDS (10 retries of 30 s requests).
+    store, key = object_store(url, request_seconds=PROBE_REQUEST_SECONDS,
+                              retry_seconds=PROBE_SECONDS - PROBE_REQUEST_SECONDS)  # fmt: skip
+    probe = f"{key}/.orch-write-check".lstrip("/")
+    started = time.monotonic()
     try:
-        probe.write_bytes(b"orch\n")
-        probe.fs.rm(probe.path)
-    except Exception as error:  # obstore's errors carry the whole HTTP exchange: keep its first line
-        raise StorageError(f"cannot write to {url}: {describe(error)}") from error
+        obstore.put(store, probe, b"orch\n")
+        obstore.delete(store, probe)
+    except Exception as error:  # obstore's errors carry the whole HTTP exchange: one phrase of it
+        waited = round(time.monotonic() - started)
+        raise StorageError(f"cannot write to {url}: {describe(error, waited=waited)}") from error
 
 
-def describe(error: BaseException) -> str:
-    """One phrase for an object-store failure (obstore's messages run to dozens of lines)."""
+def object_store(
+    url: str, *, request_seconds: float | None = None, retry_seconds: float | None = None
+) -> tuple[Any, str]:
+    """obstore's store for the bucket of `url` and the key of its prefix, configured as fsspec's (the same
+    environment, endpoint and retries): for what fsspec does not offer (conditional writes, whole errors).
+    `request_seconds`/`retry_seconds`: shorter limits than a checkpoint's uploads need."""
+    from obstore.store import from_url
+
+    problem = url_problem(url)
+    if problem:
+        raise StorageError(problem)
+    match = URL.match(url.rstrip("/"))
+    assert match is not None  # url_problem said it is one
+    scheme = match["scheme"].lower()
+    options = client_options()
+    if request_seconds is not None:
+        options |= {"timeout": f"{request_seconds:g}s", "connect_timeout": f"{request_seconds:g}s"}
+    # (one overload per scheme's config type; the scheme is known only at run time)
+    store = from_url(f"{scheme}://{match['bucket']}", config=_config(scheme), client_options=options,  # type: ignore[call-overload]
+                     retry_config=_retry_config(retry_seconds))  # fmt: skip
+    return store, (match["prefix"] or "").strip("/")
+
+
+def endpoint(scheme: str) -> tuple[str, str] | None:
+    """The endpoint an `s3://` request goes to and the variable that set it (redacted); None for AWS's own
+    (no variable set) and for the other schemes, whose endpoints obstore derives."""
+    if scheme != "s3":
+        return None
+    for name in S3_ENDPOINT_VARIABLES:
+        if value := os.environ.get(name):
+            from orchestrator.redaction import redact_url
+
+            return redact_url(value.rstrip("/")), name
+    return None
+
+
+METADATA_PATHS = ("/latest/api/token", "/latest/meta-data")  # the cloud's instance metadata service (IMDS)
+
+
+def _origin(url: str) -> str | None:
+    """scheme://host[:port] of a URL, without credentials or path."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if parts.scheme and parts.netloc else None
+
+
+def _asked(text: str) -> str | None:
+    """The origin of the request an obstore error reports (`Error performing PUT URL in ...`)."""
+    match = re.search(r"Error performing [A-Z]+ (\S+)", text)
+    return _origin(match[1]) if match else None
+
+
+def _where(text: str) -> str:
+    """`the store at URL (where it came from)` for the request in an obstore error, as well as it is known."""
+    asked = _asked(text)
+    configured = endpoint("s3")
+    if configured is not None and (asked is None or asked == _origin(configured[0])):
+        return f"the store at {configured[0]} ({configured[1]})"
+    if asked is not None and asked.endswith(".amazonaws.com") and configured is None:
+        return f"the store at {asked} (AWS's own: AWS_ENDPOINT_URL is not set)"
+    return f"the store at {asked}" if asked else "the store"
+
+
+def describe(error: BaseException, *, waited: float | None = None) -> str:
+    """One phrase for an object-store failure (obstore's messages run to dozens of lines), naming the
+    endpoint asked and where it came from when the store could not be reached. `waited`: how long the
+    caller's retries lasted at most, said when the store did not answer. Credentials never appear."""
+    from orchestrator.redaction import scrub
+
     text = str(error)
     for code, meaning in (
         ("NoSuchBucket", "the bucket does not exist"),
@@ -122,12 +233,53 @@ def describe(error: BaseException) -> str:
     ):
         if code in text:
             return meaning
-    if "Connection refused" in text or "error sending request" in text or "tcp connect" in text:
-        return "the store cannot be reached (connection refused)"
+    asked = _asked(text) or ""
+    if any(f"{asked}{path}" in text for path in METADATA_PATHS):
+        return (
+            f"no credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not set and the cloud's instance "
+            f"metadata service ({asked}) did not give any; set them (in a pod, through secret_env)"
+        )
     if "Missing" in text and ("credential" in text.lower() or "region" in text.lower()):
         return "no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, in a pod through secret_env)"
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return f"{_where(text)} cannot be reached (connection refused)"
+    if "dns error" in text:
+        return f"{_where(text)} cannot be reached (its host name does not resolve)"
+    if "TimedOut" in text or "kind: Timeout" in text or "timed out" in text:
+        within = f" in {waited:g} s" if waited else ""
+        return f"{_where(text)} did not answer{within} (timed out)"
+    if "error sending request" in text or "tcp connect" in text:
+        return f"{_where(text)} cannot be reached (the connection failed)"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return first[:200]
+    secrets = [os.environ.get(name, "") for name in SECRET_VARIABLES]
+    return scrub(first[:200], secrets)
+
+
+def _retry_config(budget: float | None = None) -> dict[str, Any]:
+    """obstore's retries: exponential backoff within `budget` seconds (ORCH_STORAGE_RETRY_SECONDS)."""
+    if budget is None:
+        seconds = os.environ.get(RETRY_SECONDS)
+        try:
+            budget = float(seconds) if seconds else DEFAULT_RETRY_SECONDS
+        except ValueError:
+            budget = DEFAULT_RETRY_SECONDS
+    return {
+        "max_retries": 10,
+        "retry_timeout": timedelta(seconds=budget),
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15)},
+    }
+
+
+def client_options() -> dict[str, Any]:
+    configured = endpoint("s3")
+    return {"allow_http": True} if configured and configured[0].startswith("http://") else {}
+
+
+def _config(scheme: str) -> dict[str, Any] | None:
+    """The endpoint from AWS_ENDPOINT_URL_S3 as well (object_store reads AWS_ENDPOINT_URL and AWS_ENDPOINT
+    from the environment itself; the rest of its configuration too)."""
+    configured = endpoint(scheme)
+    return {"endpoint": os.environ[configured[1]]} if configured is not None else None
 
 
 _registered = False
@@ -154,18 +306,6 @@ def register() -> None:
                 return
             super().close()
 
-    def retry_config() -> dict[str, Any]:
-        seconds = os.environ.get(RETRY_SECONDS)
-        try:
-            budget = float(seconds) if seconds else DEFAULT_RETRY_SECONDS
-        except ValueError:
-            budget = DEFAULT_RETRY_SECONDS
-        return {
-            "max_retries": 10,
-            "retry_timeout": timedelta(seconds=budget),
-            "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15)},
-        }
-
     for scheme in SCHEMES:
 
         class OrchStore(FsspecStore):
@@ -173,9 +313,9 @@ def register() -> None:
             cachable = False  # a new instance reads the environment again (rotated keys, another endpoint)
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                kwargs.setdefault("retry_config", retry_config())
-                if os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
-                    kwargs.setdefault("client_options", {"allow_http": True})
+                kwargs.setdefault("retry_config", _retry_config())
+                kwargs["client_options"] = {**client_options(), **(kwargs.get("client_options") or {})}
+                kwargs["config"] = {**(_config(self.protocol) or {}), **(kwargs.get("config") or {})} or None
                 super().__init__(*args, **kwargs)
 
             def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:

@@ -94,6 +94,18 @@ def _path(value: str) -> str:
     return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
 
+def _path_or_url(value: str) -> str:
+    """An object-store URL kept as written (storage.url_problem checks it: normalising it as a path would
+    make `s3://b/x` the local folder `s3:/b/x`), else a local path normalised as PathStr."""
+    from orchestrator import storage
+
+    if not storage.is_url(value):
+        return _path(value)
+    if problem := storage.url_problem(value):
+        raise ValueError(problem)
+    return value.rstrip("/")
+
+
 def _absolute(path: str) -> str:
     if not path.startswith("/"):
         raise ValueError(f"{show(path)} must be an absolute path")
@@ -133,6 +145,8 @@ Dns1123Name = Annotated[
 ]
 PathStr = Annotated[str, AfterValidator(_path)]
 """Compared and rendered in normal form, so reserved and duplicate paths are found however they are written."""
+PathOrUrl = Annotated[str, AfterValidator(_path_or_url)]
+"""A local path (as PathStr) or an object store's URL (s3://, gs://, az://; credentials refused)."""
 AbsolutePath = Annotated[str, AfterValidator(_path), AfterValidator(_absolute)]
 RelativePath = Annotated[str, AfterValidator(_path), AfterValidator(_relative)]
 PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]

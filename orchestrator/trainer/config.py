@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.job.durations import parse_duration
-from orchestrator.job.fields import Duration, Model, NonNegativeInt, PathStr, PositiveInt, show
+from orchestrator.job.fields import Duration, Model, NonNegativeInt, PathOrUrl, PositiveInt, show
 
 DEFAULT_METRICS_PORT = 9400  # metrics.port; `orch top --local` looks here
 DEFAULT_GPU_SAMPLE_SECONDS = 5.0
@@ -71,9 +71,10 @@ class CheckpointSpec(Model):
     # `async` is a Python keyword: the field is async_, read and written as `async`.
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)  # merged with Model's
 
-    dir: PathStr | None = None
-    """None: <output dir>/checkpoints. A relative path is taken under the output dir. Every rank reads
-    and writes its part here: on more than one node, a volume all pods share."""
+    dir: PathOrUrl | None = None
+    """None: <output dir>/checkpoints. A relative path is taken under the output dir; a URL (s3://, gs://,
+    az://) is an object store's prefix. Every rank reads and writes its part here: on more than one node, a
+    volume all pods share, or a store."""
     every_steps: NonNegativeInt = 200
     """0: only at the end."""
     keep: PositiveInt = 2

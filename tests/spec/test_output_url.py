@@ -3,6 +3,8 @@ and the store's credentials as secretKeyRefs; bad URLs are one line at load time
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator import naming
@@ -119,3 +121,88 @@ def test_orch_run_out_refuses_a_url_with_credentials_in_one_line(tmp_path):
         "be written into the job's objects and its run's records: give them to the pods as secret_env "
         "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; for orch run, the shell's environment)"
     ]
+
+
+TRAVERSAL = (
+    "has a . or .. segment: object-store keys are not paths (.. goes up nowhere, and obstore refuses it)"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("s3://bkt/run/../other", f"'s3://bkt/run/../other' {TRAVERSAL}"),
+        ("s3://../etc/run", f"'s3://../etc/run' {TRAVERSAL}"),
+        ("s3://bkt/./run", f"'s3://bkt/./run' {TRAVERSAL}"),
+        ("gs://bkt/%2E%2e/run", f"'gs://bkt/%2E%2e/run' {TRAVERSAL}"),  # decoded by some tools: refused too
+        ("s3://bkt/run//x", "'s3://bkt/run//x' has an empty segment (//): object stores refuse such keys"),
+        ("s3://bkt/run\tx", "has a control character (a newline, a tab, ESC): a key cannot hold one"),
+        (
+            "s3://127.0.0.1:9000/bkt/run",
+            "'127.0.0.1:9000' is not a bucket name: a store's address goes in "
+            "AWS_ENDPOINT_URL=http://127.0.0.1:9000, not in the URL",
+        ),
+    ],
+)
+@pytest.mark.parametrize("field", ["output.url", "train.checkpoint.dir"])
+def test_a_store_url_that_is_not_one_prefix_is_refused_at_load_time(tmp_path, url, problem, field):
+    """#33: obstore refuses `.`, `..` and empty segments only at the first write (in the pods, after the
+    job was created); a tab would reach every line that names the URL."""
+    quoted = json.dumps(url)  # a YAML double-quoted string: "\n" is a newline
+    place = f"output: {{url: {quoted}}}" if field == "output.url" else ""
+    checkpoint = f", checkpoint: {{dir: {quoted}}}" if field == "train.checkpoint.dir" else ""
+    with pytest.raises(SpecError) as caught:
+        load(f"name: demo\nimage: i:1\ntrain: {{task: digits{checkpoint}}}\n{place}\n", tmp_path)
+    assert f"{field}: {problem}" in str(caught.value)
+    assert "\n" not in str(caught.value).strip()
+
+
+def test_a_checkpoint_dir_url_stays_a_url_and_its_credentials_are_refused(tmp_path):
+    """#33: train.checkpoint.dir was normalised as a local path: `s3://bkt/ckpt` became the folder `s3:/bkt/ckpt`
+    under the output directory, and a URL's credentials went into train.json (the job's ConfigMap)."""
+    from pathlib import Path
+
+    from orchestrator.trainer.main import checkpoint_dir
+
+    spec = load(
+        "name: demo\nimage: i:1\ntrain: {task: digits, checkpoint: {dir: 's3://bkt/ckpt/'}}\n", tmp_path
+    )
+    assert spec.train.checkpoint.dir == "s3://bkt/ckpt"
+    assert str(checkpoint_dir(Path("/out"), spec.train.checkpoint.dir)) == "s3://bkt/ckpt"
+    with pytest.raises(SpecError) as caught:
+        load("name: demo\nimage: i:1\ntrain: {task: digits, checkpoint: {dir: 's3://AKIA:wJalrSECRET@bkt/c'}}\n",
+             tmp_path)  # fmt: skip
+    assert "train.checkpoint.dir: carries credentials" in str(caught.value)
+    assert "wJalrSECRET" not in str(caught.value)
+
+
+def test_orch_run_out_refuses_a_traversing_url_in_one_line(tmp_path):
+    from tests.fakes.cli import run_orch
+
+    (tmp_path / "job.yaml").write_text("name: demo\ntrain: {task: synthetic, max_steps: 1}\n")
+    result = run_orch("run", str(tmp_path / "job.yaml"), "--out", "s3://bkt/runs/../../x", cwd=tmp_path)
+    assert (result.returncode, result.stderr.splitlines()) == (2, [f"error: --out s3://bkt/runs/../../x: "
+                                                                     f"'s3://bkt/runs/../../x' {TRAVERSAL}: write the prefix without it"])  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),  # AWS's own endpoint
+        ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000/"}, ("http://127.0.0.1:9000", "AWS_ENDPOINT_URL")),
+        (  # the AWS SDKs' and CLI's S3-only variable wins, as there (object_store reads only the other)
+            {"AWS_ENDPOINT_URL": "http://a:1", "AWS_ENDPOINT_URL_S3": "http://b:2"},
+            ("http://b:2", "AWS_ENDPOINT_URL_S3"),
+        ),
+        ({"AWS_ENDPOINT_URL": "http://minio:pass@m:9000"}, ("http://minio:***@m:9000", "AWS_ENDPOINT_URL")),
+    ],
+)
+def test_the_endpoint_and_where_it_came_from(monkeypatch, env, expected):
+    from orchestrator import storage
+
+    for name in storage.S3_ENDPOINT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert storage.endpoint("s3") == expected

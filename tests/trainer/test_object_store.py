@@ -179,9 +179,9 @@ def test_a_store_that_dies_mid_run_fails_the_save_in_one_line(s3, group, monkeyp
         store.save(20, module=module, optimizer=optimizer, train_state=TRAIN_STATE)
     assert time.monotonic() - started < 60  # the retry budget, not a hang
     assert str(caught.value) == (
-        f"checkpoint at step 20: could not write {url}: the store cannot be reached (connection refused); "
-        "check the store (its credentials, its endpoint, that it is up) and run again: training resumes "
-        "from the last complete checkpoint"
+        f"checkpoint at step 20: could not write {url}: the store at {s3.endpoint} (AWS_ENDPOINT_URL) cannot be "
+        "reached (connection refused); check the store (its credentials, its endpoint, that it is up) and "
+        "run again: training resumes from the last complete checkpoint"
     )
 
 
@@ -189,6 +189,15 @@ def test_a_missing_bucket_or_bad_credentials_is_one_line_at_start(s3, monkeypatc
     with pytest.raises(storage.StorageError) as caught:
         storage.check_writable("s3://no-such-bucket/run")
     assert str(caught.value) == "cannot write to s3://no-such-bucket/run: the bucket does not exist"
+    # The AWS SDKs' S3-only endpoint variable is honoured as they honour it (object_store reads only the other):
+    # without it, these requests went to AWS
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+    storage.check_writable("s3://bkt/run")
+    (storage.location("s3://bkt/run") / "f").write_bytes(b"x")
+    assert names("s3://bkt/run") == ["f"]
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     with s3_server(check_credentials=True) as strict:
         strict.create_bucket("bkt")
         monkeypatch.setenv("AWS_ENDPOINT_URL", strict.endpoint)
@@ -197,6 +206,83 @@ def test_a_missing_bucket_or_bad_credentials_is_one_line_at_start(s3, monkeypatc
     assert str(caught.value) == (
         "cannot write to s3://bkt/run: the access key is not known to the store (check AWS_ACCESS_KEY_ID)"
     )
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def no_store(monkeypatch):
+    """Credentials and an endpoint as a test must always set them, and nothing at either: the endpoint, the
+    instance metadata service and any proxy are closed ports of 127.0.0.1, so no request leaves it."""
+    port = closed_port()
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "HTTPS_PROXY": f"http://127.0.0.1:{port}",
+                        "AWS_METADATA_ENDPOINT": f"http://127.0.0.1:{port}"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT", "NO_PROXY", "no_proxy", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    return port
+
+
+@pytest.mark.slow  # in process, but the store's retries take seconds
+@pytest.mark.parametrize("case", ["refused", "endpoint unset", "no credentials"])
+def test_a_store_that_cannot_be_reached_is_named_with_where_its_endpoint_came_from(
+    no_store, monkeypatch, case
+):
+    """#33: `connection refused` alone did not say which endpoint was asked: with AWS_ENDPOINT_URL unset (a
+    local store tried, the variable forgotten) orch asks AWS itself, and without credentials the cloud's
+    metadata service; each is named. The unset case goes through HTTPS_PROXY, a closed local port."""
+    if case == "endpoint unset":
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+    if case == "no credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(storage.StorageError) as caught:
+        storage.check_writable("s3://bkt/run")
+    assert (
+        str(caught.value)
+        == "cannot write to s3://bkt/run: "
+        + {
+            "refused": f"the store at http://127.0.0.1:{no_store} (AWS_ENDPOINT_URL) cannot be reached (connection "
+            "refused)",
+            "endpoint unset": "the store at https://s3.us-east-1.amazonaws.com (AWS's own: AWS_ENDPOINT_URL is not "
+            "set) cannot be reached (connection refused)",
+            "no credentials": "no credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not set and the cloud's "
+            f"instance metadata service (http://127.0.0.1:{no_store}) did not give any; set them (in a pod, through "
+            "secret_env)",
+        }[case]
+    )
+
+
+@pytest.mark.slow  # in process; waits out the probe's budget
+def test_an_endpoint_that_does_not_answer_fails_orch_run_fast_in_one_line(no_store, monkeypatch, tmp_path):
+    """#33: a store that accepts connections and never answers held `orch run` for the whole retry budget
+    (ORCH_STORAGE_RETRY_SECONDS, 3 minutes) and then said `connection refused`. The start's probe waits
+    storage.PROBE_SECONDS at most, and says what happened."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts (the kernel does), never reads nor answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        job = str(REPO_ROOT / "examples" / "digits.yaml")
+        started = time.monotonic()
+        result = run_orch("run", job, "--out", "s3://bkt/run", cwd=tmp_path)
+        waited = time.monotonic() - started
+    assert waited < storage.PROBE_SECONDS + 10
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: cannot write to s3://bkt/run: the store at {endpoint} (AWS_ENDPOINT_URL) did "
+                           "not answer in ") and line.endswith(" s (timed out)")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
