@@ -21,7 +21,10 @@ ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG PIP_NO_INDEX
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The wheel carries the top-level Dockerfile and its script too (pyproject.toml: orchestrator.build_context),
+# so the package can build this image from any folder (orch build: orchestrator/images.py own_context).
+COPY pyproject.toml README.md Dockerfile .dockerignore ./
+COPY images/install-trainer.sh images/
 COPY orchestrator/ orchestrator/
 COPY manifests/ manifests/
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

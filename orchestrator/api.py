@@ -46,6 +46,7 @@ __all__ = [
     "LocalRun",
     "Submitted",
     "WaitTimeout",
+    "build_image",
     "load_job",
     "load_sweep",
     "render",
@@ -445,47 +446,117 @@ class Client:
         )
 
 
-def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback) -> str:
-    """The image the job runs, built and pushed; its reference.
+def build_image(
+    folder: str | Path = ".",
+    *,
+    job: JobSpec | None = None,
+    job_file: str | Path | None = None,
+    image: str | None = None,
+    tag: str | None = None,
+    dockerfile: str | None = None,
+    build_args: Sequence[str] = (),
+    base: str | None = None,
+    tool: str | None = None,
+    push: bool = False,
+    dry_run: bool = False,
+    notice: Callback = _silent,
+    commands: Callback | None = None,
+) -> str:
+    """`orch build`: the trainer image, and the job's workspace as a thin layer over it; the reference to run.
 
-    The trainer image is built and pushed from `build.context` under a content tag when the context has a
-    Dockerfile (an orch checkout), else the job's `image` is the trainer image as it is. When the job has
-    a workspace (orchestrator/workspace.py), its files go on top as a thin layer, built only when they
-    changed. On a client dry run nothing is built: the commands go to `notice` and the reference they
-    would push is returned, so the objects show the image the job would run."""
+    The trainer image: `base` when given (nothing is built for it), else `folder`'s Dockerfile (`dockerfile`,
+    else FOLDER/Dockerfile), else orch's own (the top-level Dockerfile, from the build context packaged with
+    orch: images.own_context), so it builds from any folder. `image` is the repository (default: the job's
+    image's, else images.DEFAULT_REPO); the tag a content hash unless `tag`. Then, when `job` (loaded from
+    `job_file`) has a workspace, its files go on top (orchestrator/workspace.py) under `workspace-<content>-
+    <base>`, and that reference is returned. `dry_run`: nothing is built; each command goes to `commands`
+    (default: `notice`), one argv as a shell line."""
     from orchestrator import images, workspace
 
-    repository = images.repository(job.image or "")
-    folder = workspace.resolve(job, build.job_file)
-    base = job.image or ""
-    if folder is None or os.path.isfile(os.path.join(build.context, "Dockerfile")):
-        request = images.BuildRequest(
-            context=build.context,
-            image=repository,
-            build_args=images.parse_build_args(build.build_args),
-            push=True,
-        )
-        if dry_run:
-            base, commands = images.plan(request, build.tool)
-            for argv in commands:
-                notice(shlex.join(argv))
-        else:
-            base = images.build_and_push(request, tool=build.tool)
-            notice(f"built and pushed {base}")
-    if folder is None:
+    repository = image or (
+        images.repository(job.image) if job is not None and job.image else images.DEFAULT_REPO
+    )
+    if base is None:
+        base = _build_trainer(folder, repository, tag=tag, dockerfile=dockerfile, build_args=build_args, tool=tool,
+                              push=push, dry_run=dry_run, notice=notice, commands=commands or notice)  # fmt: skip
+    found = workspace.resolve(job, job_file) if job is not None and job_file is not None else None
+    if found is None:
         return base
+    return _build_layer(found, base, repository, tool=tool, push=push, dry_run=dry_run, notice=notice)
+
+
+def _build_trainer(
+    folder: str | Path,
+    repository: str,
+    *,
+    tag: str | None,
+    dockerfile: str | None,
+    build_args: Sequence[str],
+    tool: str | None,
+    push: bool,
+    dry_run: bool,
+    notice: Callback,
+    commands: Callback,
+) -> str:
+    from orchestrator import images
+
+    def build_from(context: str) -> str:
+        request = images.BuildRequest(str(context), repository, tag, dockerfile,
+                                      images.parse_build_args(build_args), push)  # fmt: skip
+        if dry_run:
+            ref, planned = images.plan(request, tool)
+            for argv in planned:
+                commands(shlex.join(argv))
+            return ref
+        ref = images.build_and_push(request, tool=tool)
+        notice(f"built{' and pushed' if push else ''} {ref}")
+        return ref
+
+    if dockerfile is not None or os.path.isfile(os.path.join(folder, "Dockerfile")):
+        return build_from(str(folder))
+    with images.own_context() as context:
+        notice(f"{folder} has no Dockerfile: building orch's trainer image (from {context})")
+        return build_from(context)
+
+
+def _build_layer(
+    folder: Path, base: str, repository: str, *, tool: str | None, push: bool, dry_run: bool, notice: Callback
+) -> str:
+    from orchestrator import workspace
+
     if dry_run:
-        selection, ref = workspace.plan_layer(Path(folder), base, repository)
+        selection, ref = workspace.plan_layer(folder, base, repository)
         for line in selection.notes():
             notice(line)
         notice(f"workspace {folder}: {len(selection.files)} files -> {ref} (FROM {base})")
         return ref
-    layer = workspace.build_layer(folder, base, repository, tool=build.tool)
+    layer = workspace.build_layer(folder, base, repository, tool=tool, push=push)
     for line in layer.notes:
         notice(line)
     state = "built" if layer.built else "unchanged, not rebuilt"
-    notice(f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}; pushed)")
+    notice(
+        f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}{'; pushed' if push else ''})"
+    )
     return layer.ref
+
+
+def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback) -> str:
+    """`submit(build=...)`: the image the job runs, built and pushed; its reference.
+
+    The trainer image is built and pushed from `build.context` when it has a Dockerfile (an orch checkout).
+    Without one, the job's `image` is the trainer image as it is when the job has a workspace (only the layer
+    is built over it), and orch's own trainer image is built when it has none (build_image). On a client dry
+    run nothing is built: the commands go to `notice` and the reference they would push is returned, so the
+    objects show the image the job would run."""
+    from orchestrator import workspace
+
+    folder = workspace.resolve(job, build.job_file)
+    has_dockerfile = os.path.isfile(os.path.join(build.context, "Dockerfile"))
+    return build_image(
+        build.context, job=job, job_file=build.job_file, build_args=build.build_args, tool=build.tool,
+        base=job.image if folder is not None and not has_dockerfile else None, push=True, dry_run=dry_run,
+        notice=notice,
+    )  # fmt: skip
 
 
 # --- what the calls take: checked before anything is read or sent ---------------------------------------------

@@ -14,8 +14,10 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,6 +250,53 @@ def _file_sha256(path: str) -> bytes:
     return file_digest.digest()
 
 
+# --- orch's own build context --------------------------------------------------------------------------------
+
+# What the top-level Dockerfile reads besides the package: the wheel carries these as orchestrator/build_context
+# (pyproject.toml's package-dir), so a pip-installed orch can build its trainer image from any folder.
+OWN_CONTEXT_FILES = (
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "images/install-trainer.sh",
+)
+
+
+@contextmanager
+def own_context() -> Iterator[str]:
+    """The build context of orch's own trainer image (the top-level Dockerfile), for `orch build` in a folder
+    without a Dockerfile: the source tree this orch runs from (a checkout, an editable install), else a copy
+    staged from the installed package, laid out as the checkout is (pyproject.toml, README.md, orchestrator/,
+    manifests/, the Dockerfile and its script), in a temporary folder removed afterwards."""
+    import orchestrator
+
+    package = Path(orchestrator.__file__).resolve().parent
+    checkout = package.parent
+    if (checkout / "manifests").is_dir() and all((checkout / name).is_file() for name in OWN_CONTEXT_FILES):
+        yield str(checkout)
+        return
+    packaged = package / "build_context"
+    if not all((packaged / name).is_file() for name in OWN_CONTEXT_FILES):
+        raise UsageError(
+            f"this orch ({package}) carries no build context for its trainer image: pass --base IMAGE (a "
+            "trainer image you pushed), or run from an orch checkout"
+        )
+
+    def leave_out(directory: str, names: list[str]) -> list[str]:
+        top = Path(directory) == package  # the package's own copies of the context and the manifests
+        return [n for n in names if n in ("__pycache__",) or n.endswith(".pyc")
+                or (top and n in ("build_context", "manifests"))]  # fmt: skip
+
+    with tempfile.TemporaryDirectory(prefix="orch-trainer-context-") as staging:
+        for name in OWN_CONTEXT_FILES:
+            (Path(staging) / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(packaged / name, Path(staging) / name)
+        shutil.copytree(package, Path(staging) / "orchestrator", ignore=leave_out)
+        shutil.copytree(package / "manifests", Path(staging) / "manifests", ignore=leave_out)
+        yield staging
+
+
 # --- tools and the one subprocess call -------------------------------------------------------------
 
 
@@ -261,7 +310,9 @@ def find_tool(preferred: str | None = None) -> str:
         if preferred not in TOOLS:
             raise UsageError(f"unknown build tool {preferred!r}; choose one of {', '.join(TOOLS)}")
         if shutil.which(preferred) is None:
-            raise BuildToolMissing(f"{preferred} is not installed or not on PATH; install it or pick --tool")
+            raise BuildToolMissing(
+                f"{preferred} is not installed or not on PATH; install it or pick --build-tool"
+            )
         return preferred
     installed = [tool for tool in TOOLS if shutil.which(tool)]
     if not installed:
@@ -325,7 +376,7 @@ def check_completed(tool: str, ref: str, result: Completed, *, pushing: bool) ->
     text = result.tail.lower()
     if any(marker in text for marker in _DAEMON_DOWN):
         raise DaemonUnreachable(
-            f"{tool}: daemon not reachable; start it (or check DOCKER_HOST), or use --tool podman/buildah"
+            f"{tool}: daemon not reachable; start it (or check DOCKER_HOST), or use --build-tool podman/buildah"
         )
     if pushing and any(marker in text for marker in _PUSH_DENIED):
         registry = ref.split("/", 1)[0]
@@ -354,7 +405,10 @@ def build_and_push(request: BuildRequest, *, tool: str | None = None) -> str:
     ref = image_ref(request.image, tag)
     chosen = find_tool(tool)
     resolved = BuildRequest(context, request.image, tag, request.dockerfile, args, request.push)
-    check_completed(chosen, ref, run_build(build_argv(chosen, ref, resolved)), pushing=False)
+    # A content tag the tool has already holds these sources: buildah (no layer cache by default) would
+    # otherwise rebuild the whole image. A tag the user chose may move, so it is always built.
+    if request.tag is not None or not has_image(chosen, ref):
+        check_completed(chosen, ref, run_build(build_argv(chosen, ref, resolved)), pushing=False)
     if request.push:
         check_completed(chosen, ref, run_build(push_argv(chosen, ref)), pushing=True)
     return ref

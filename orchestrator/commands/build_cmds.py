@@ -4,27 +4,24 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.commands.common import load_job, output_option
+from orchestrator.commands.common import build_tool_option, load_job, output_option
 
 
 @click.command()
-@click.argument("context", default=".", type=click.Path(file_okay=False))
+@click.argument("folder", default=".", type=click.Path(file_okay=False))
 @click.option(
     "--image",
     default=None,
     metavar="REPO",
-    help="Repository to tag, e.g. ghcr.io/acme/trainer [default: localhost/orch-trainer].",
+    help="Repository to tag, e.g. ghcr.io/acme/trainer [default: the job's image's, else localhost/orch-trainer].",
 )
 @click.option(
-    "--tag", default=None, help="Tag [default: a hash of the build context, Dockerfile and build args]."
-)
-@click.option("--push", is_flag=True, help="Push the image after building it.")
-@click.option(
-    "--tool",
-    type=click.Choice(["docker", "podman", "buildah"]),
+    "--tag",
     default=None,
-    help="Build tool [default: the first of docker (if its daemon answers), podman, buildah].",
+    help="The trainer image's tag [default: a hash of the build context, Dockerfile and build args].",
 )
+@click.option("--push", is_flag=True, help="Push the image(s) after building.")
+@build_tool_option
 @click.option(
     "--build-arg",
     "build_args",
@@ -38,47 +35,60 @@ from orchestrator.commands.common import load_job, output_option
     "dockerfile",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Dockerfile [default: CONTEXT/Dockerfile]; images/cpu/Dockerfile for the CPU image.",
+    help="Dockerfile [default: FOLDER/Dockerfile, else orch's own]; images/cpu/Dockerfile for the CPU image.",
+)
+@click.option(
+    "--base",
+    default=None,
+    metavar="IMAGE",
+    help="Build no trainer image: put the workspace layer on this one (a trainer image you pushed).",
+)
+@click.option(
+    "--job",
+    "job_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The job whose workspace goes on top as a layer [default: FOLDER/job.yaml, when there is one].",
 )
 @click.option("--dry-run", is_flag=True, help="Print the commands instead of running them.")
 def build(
-    context: str,
+    folder: str,
     image: str | None,
     tag: str | None,
     push: bool,
     tool: str | None,
     build_args: tuple[str, ...],
     dockerfile: str | None,
+    base: str | None,
+    job_file: str | None,
     dry_run: bool,
 ) -> None:
-    """Build the training image (and push it); print the full image reference last.
+    """Build the training image, and the job's workspace as a layer on it (and push them); print the image
+    reference to run last.
 
-    The build log goes to stderr and the reference to stdout, so scripts can capture it.
+    The trainer image comes from FOLDER's Dockerfile, or from orch's own when FOLDER has none (so this works
+    in any folder), or is --base. When FOLDER holds job.yaml (or --job names one) whose task or script lives
+    in a workspace, its files go on top (docs/images.md, Workspaces) and that reference is printed. The
+    build log goes to stderr and the reference to stdout, so scripts can capture it.
 
     \b
     Example:
-      orch build --image ghcr.io/acme/trainer --push
+      orch build --image ghcr.io/acme/trainer --push     # in your project: trainer + your code
       orch build -f images/cpu/Dockerfile --image ghcr.io/acme/trainer-cpu
-      REF=$(orch build --image ghcr.io/acme/trainer --push) && orch submit job.yaml --set image=$REF
+      orch build --base ghcr.io/acme/trainer:3f2a... --push   # only your code, over a pushed trainer
+      REF=$(orch build --image ghcr.io/acme/trainer --push) && orch render job.yaml --set image=$REF
     """
-    import shlex
+    import os
 
-    from orchestrator import images
+    from orchestrator import api as orch
 
-    request = images.BuildRequest(
-        context=context,
-        image=image or images.DEFAULT_REPO,
-        tag=tag,
-        dockerfile=dockerfile,
-        build_args=images.parse_build_args(build_args),
-        push=push,
-    )
-    if dry_run:
-        ref, commands = images.plan(request, tool)
-        for argv in commands:
-            click.echo(shlex.join(argv))
-    else:
-        ref = images.build_and_push(request, tool=tool)
+    if job_file is None and os.path.isfile(os.path.join(folder, "job.yaml")):
+        job_file = os.path.join(folder, "job.yaml")
+    job = load_job(job_file, ()) if job_file else None
+    say = click.echo if dry_run else (lambda line: click.echo(line, err=True))
+    ref = orch.build_image(folder, job=job, job_file=job_file, image=image, tag=tag, dockerfile=dockerfile,
+                           build_args=build_args, base=base, tool=tool, push=push, dry_run=dry_run,
+                           notice=lambda line: click.echo(line, err=True), commands=say)  # fmt: skip
     click.echo(ref)
 
 

@@ -19,6 +19,7 @@ import click
 from orchestrator.apis import registry
 from orchestrator.commands.common import (
     DURATION,
+    build_tool_option,
     checked_job_name,
     checked_namespace,
     job_options,
@@ -133,8 +134,7 @@ def _note(message: str) -> None:
 @click.option(
     "--build-arg", "build_args", multiple=True, metavar="KEY=VALUE", help="For --build. Repeatable."
 )
-@click.option("--build-tool", type=click.Choice(["docker", "podman", "buildah"]), default=None,
-              help="For --build [default: the first one found].")  # fmt: skip
+@build_tool_option
 @output_option("yaml", "json")
 def submit(
     job_file: str,
@@ -150,7 +150,7 @@ def submit(
     build: bool,
     build_context: str,
     build_args: tuple[str, ...],
-    build_tool: str | None,
+    tool: str | None,
     output: str,
 ) -> int:
     """Render JOB and create it on the cluster: a PyTorchJob or a TrainJob, with its ConfigMap, PodMonitor
@@ -178,7 +178,7 @@ def submit(
     job = load_job(job_file, overrides, where="cluster")
     warn_missing_code(job, job_file)
     client = _client(kubeconfig, context, namespace)
-    build_with = orch.Build(build_context, build_args, build_tool, job_file) if build else None
+    build_with = orch.Build(build_context, build_args, tool, job_file) if build else None
     submitted = client.submit(job, api=api, replace=replace, dry_run=dry_run, build=build_with, notice=_note,
                               warn=_warn)  # fmt: skip
     if dry_run == "client":

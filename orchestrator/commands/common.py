@@ -105,6 +105,19 @@ def warn_missing_code(spec: JobSpec, job_file: str) -> None:
         click.echo(f"warning: {message}", err=True)
 
 
+def build_tool_option(fn: F) -> F:
+    """`--build-tool docker|podman|buildah` (`orch build` and `orch submit --build`); `--tool`, its name on `orch
+    build` before #33, stays an alias on both."""
+    return click.option(
+        "--build-tool",
+        "--tool",
+        "tool",
+        type=click.Choice(["docker", "podman", "buildah"]),
+        default=None,
+        help="Build tool (alias: --tool) [default: the first of docker (if its daemon answers), podman, buildah].",
+    )(fn)
+
+
 def api_option(fn: F) -> F:
     """`--api auto|KEY...`: which Kubeflow API renders the job (overrides the file's `api:`)."""
     return click.option(

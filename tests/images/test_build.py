@@ -253,10 +253,128 @@ def test_docker_without_a_daemon_is_a_clear_error(context: Path, tmp_path: Path)
     assert "Traceback" not in explicit.stderr
 
 
-def test_missing_dockerfile_is_a_usage_error(tmp_path: Path) -> None:
-    result = orch("build", str(tmp_path), "--tool", "buildah")
+def test_a_missing_dockerfile_named_by_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = orch("build", str(tmp_path), "--file", str(tmp_path / "Dockerfile"), "--tool", "buildah")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: Dockerfile '{tmp_path}/Dockerfile' not found (pass --file)"
+
+
+# --- from any folder (#33): orch's own trainer image, the workspace layer on it ---------------------------------
+
+
+def user_project(root: Path) -> Path:
+    (root / "mypkg").mkdir(parents=True)
+    (root / "mypkg" / "tasks.py").write_text("def make_task():\n    pass\n")
+    (root / "job.yaml").write_text(
+        "name: demo\nimage: ghcr.io/acme/trainer:1\ntrain: {task: 'mypkg.tasks:make_task'}\n"
+    )
+    return root
+
+
+@pytest.mark.parametrize("flag", ["--build-tool", "--tool"])  # --tool: its name before #33, kept as an alias
+def test_a_folder_without_a_dockerfile_builds_orchs_own_trainer_image(tmp_path: Path, flag: str) -> None:
+    """In a folder of one's own without job.yaml: the trainer image from the build context orch runs from (here
+    this checkout; test_a_wheel_carries_the_build_context_of_its_trainer_image for an installed wheel)."""
+    result = orch("build", "--image", "ghcr.io/acme/trainer", flag, "podman", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    ref = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    command, last = result.stdout.strip().splitlines()
+    argv = shlex.split(command)
+    assert argv[:6] == ["podman", "build", "--file", f"{REPO_ROOT}/Dockerfile", "--tag", ref]
+    assert argv[-1] == str(REPO_ROOT) and last == ref
+    assert result.stderr.splitlines() == [
+        f". has no Dockerfile: building orch's trainer image (from {REPO_ROOT})"
+    ]
+
+
+def test_in_a_project_the_workspace_goes_on_the_trainer_image_and_its_reference_is_printed(
+    tmp_path: Path,
+) -> None:
+    from orchestrator import workspace
+
+    root = user_project(tmp_path / "project")
+    (root / ".env").write_text("TOKEN=x\n")
+    result = orch(
+        "build", "--image", "ghcr.io/acme/trainer", "--tool", "buildah", "--push", "--dry-run", cwd=root
+    )
+    assert result.returncode == 0, result.stderr
+    trainer = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    build, push, last = result.stdout.strip().splitlines()
+    assert shlex.split(build)[-1] == str(REPO_ROOT) and shlex.split(push) == ["buildah", "push", trainer]
+    assert last == f"ghcr.io/acme/trainer:{workspace.tag(root, trainer)}"
+    assert result.stderr.splitlines()[1:] == [
+        f"workspace {root}: left out 1 files that look like credentials: .env (to ship one on purpose, add a line "
+        "`!PATH` naming it to .orchignore)",
+        f"workspace {root}: 2 files -> {last} (FROM {trainer})",
+    ]
+    # --base: no trainer image is built; the layer goes on the one named. The repository: the job's image's.
+    only_layer = orch(
+        "build", "--base", "ghcr.io/acme/trainer:1", "--build-tool", "buildah", "--dry-run", cwd=root
+    )
+    assert only_layer.returncode == 0, only_layer.stderr
+    assert only_layer.stdout.strip().splitlines() == [
+        f"ghcr.io/acme/trainer:{workspace.tag(root, 'ghcr.io/acme/trainer:1')}"
+    ]
+
+
+@pytest.mark.parametrize("flag", ["--build-tool", "--tool"])
+def test_submit_build_takes_the_same_flag_and_builds_orchs_trainer_without_a_dockerfile(
+    tmp_path: Path, flag: str
+):
+    """A built-in task in a folder of one's own: no workspace, no Dockerfile: orch's own trainer image is built
+    into the job's repository (before #33: `Dockerfile './Dockerfile' not found`)."""
+    import yaml
+
+    (tmp_path / "job.yaml").write_text("name: demo\nimage: ghcr.io/acme/trainer:1\ntrain: {task: digits}\n")
+    result = orch("submit", "job.yaml", "--build", flag, "podman", "--dry-run=client", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    ref = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    assert result.stderr.splitlines()[1].startswith(
+        f"podman build --file {REPO_ROOT}/Dockerfile --tag {ref} "
+    )
+    job = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "PyTorchJob")
+    assert {
+        r["template"]["spec"]["containers"][0]["image"] for r in job["spec"]["pytorchReplicaSpecs"].values()
+    } == {ref}
+
+
+def test_a_wheel_carries_the_build_context_of_its_trainer_image(tmp_path: Path) -> None:
+    """pip install of orch from a checkout (a wheel) has no checkout to build from: the wheel carries the
+    Dockerfile, its script and pyproject.toml (orchestrator/build_context), own_context stages them as the
+    checkout lays them out, and the Dockerfile's first stage (`pip wheel .` of that context) makes the same
+    wheel again. Real: setuptools builds the wheel, another interpreter runs orch from it unpacked."""
+    import zipfile
+
+    source = tmp_path / "source"  # what .dockerignore sends: the checkout without its build outputs
+    for relative in images.context_files(str(REPO_ROOT)):
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / relative, source / relative)
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "--wheel-dir", str(tmp_path / "wheel"), str(source)], check=True, timeout=300)
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    script = (
+        "import subprocess, sys\n"
+        "from orchestrator import images\n"
+        "with images.own_context() as context:\n"
+        "    print(context)\n"
+        f"    subprocess.run([*{pip!r}, '--wheel-dir', {str(tmp_path / 'again')!r}, context], check=True)\n"
+    )
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=empty,
+                            env={**os.environ, "PYTHONPATH": str(site)}, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not Path(result.stdout.strip()).exists()  # staged in a temporary folder, removed afterwards
+    (again,) = (tmp_path / "again").glob("*.whl")
+
+    def contents(path: Path) -> dict[str, bytes]:
+        with zipfile.ZipFile(path) as archive:
+            return {n: archive.read(n) for n in archive.namelist() if ".dist-info/" not in n}
+
+    assert contents(again) == contents(wheel)
+    assert "orchestrator/build_context/Dockerfile" in contents(wheel)
 
 
 class _RefusingRegistry(http.server.BaseHTTPRequestHandler):
