@@ -108,14 +108,14 @@ def resolve(spec: JobSpec, job_file: str | Path) -> Path | None:
 
 def missing(spec: JobSpec, job_file: str | Path) -> list[str]:
     """Warnings for code the job names that neither the image's orchestrator package nor the workspace has:
-    the pods would fail to import or run it."""
+    the pods would fail to import or run it. None with `workspace: false`: the image carries the code."""
     wanted = [r for r in references(spec) if not in_image_package(r)]
-    if not wanted:
+    if not wanted or spec.workspace is False:  # false: the user says the image carries the code
         return []
     folder = resolve(spec, job_file)
     kept = set(files(folder)) if folder is not None and folder.is_dir() else set()
-    shown = f"the workspace {folder}" if folder is not None else "a workspace (none: workspace: false)"
-    if folder is None and spec.workspace is not False:
+    shown = f"the workspace {folder}"
+    if folder is None:
         shown = f"a workspace (none: {Path(job_file).resolve().parent} does not hold it)"
     found = []
     for reference in wanted:
@@ -128,6 +128,36 @@ def missing(spec: JobSpec, job_file: str | Path) -> list[str]:
             "workspace (docs/images.md, Workspaces) and submit with --build"
         )
     return found
+
+
+def image_problem(spec: JobSpec, job_file: str | Path) -> str | None:
+    """What is wrong when the job has a workspace (its task or script lives there) and its `image` does not
+    carry it as it is now, else None. How orch tells: the workspace layer's tag is `workspace-<content>-<base>`
+    (tag()), and <content> is content_digest() of the files; any other reference (the plain trainer image, a
+    layer of older files, a bare digest) would leave every pod without the code. An image that installs the
+    code itself: `workspace: false` says so."""
+    from orchestrator import images
+
+    folder = resolve(spec, job_file)
+    if folder is None or not folder.is_dir() or not spec.image:
+        return None
+    named = [f"{r.field} {r.name!r}" for r in references(spec) if not in_image_package(r)]
+    what = f"{' and '.join(named) or 'the job'}: the workspace {_show(str(folder))}"
+    image, repository = spec.image, images.repository(spec.image)
+    tagged = image.split("@", 1)[0][len(repository) :].lstrip(":")
+    fix = (
+        f"build it first: REF=$(orch build --image {repository} --push) and render with --set image=$REF, or "
+        "orch submit --build (workspace: false when the image installs the code itself; docs/images.md, Workspaces)"
+    )
+    if (carried := TAG.fullmatch(tagged)) is None:
+        told = (
+            " (orch cannot tell from a digest: name it by the tag orch build prints)" if "@" in image else ""
+        )
+        return f"{what} is not in the image {image}{told}: every pod would fail to find the code; {fix}"
+    if carried["content"] != content_digest(folder):
+        return (f"{what} is in the image {image} as it was when that was built; its files have changed since; "
+                f"{fix}")  # fmt: skip
+    return None
 
 
 # --- which files go in --------------------------------------------------------------------------------------

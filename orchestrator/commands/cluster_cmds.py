@@ -176,7 +176,7 @@ def submit(
     from orchestrator.rendering import render
 
     job = load_job(job_file, overrides, where="cluster")
-    warn_missing_code(job, job_file)
+    warn_missing_code(job, job_file, check_image=not build)
     client = _client(kubeconfig, context, namespace)
     build_with = orch.Build(build_context, build_args, tool, job_file) if build else None
     submitted = client.submit(job, api=api, replace=replace, dry_run=dry_run, build=build_with, notice=_note,

@@ -96,12 +96,16 @@ def load_job(job_file: str, overrides: tuple[str, ...], *, where: api.Where = "a
     return orch.load_job(job_file, overrides, where=where)
 
 
-def warn_missing_code(spec: JobSpec, job_file: str) -> None:
+def warn_missing_code(spec: JobSpec, job_file: str, *, check_image: bool = True) -> None:
     """`warning: ...` on stderr for each task module or script that neither the image's orchestrator package
-    nor the job's workspace holds (the pods could not import or run it)."""
+    nor the job's workspace holds, and (`check_image`; not for `orch submit --build`, which makes the image)
+    when the job's image does not carry its workspace as it is now: the pods could not import or run it."""
     from orchestrator import workspace
 
-    for message in workspace.missing(spec, job_file):
+    found = workspace.missing(spec, job_file)
+    if check_image and (problem := workspace.image_problem(spec, job_file)):
+        found.append(problem)
+    for message in found:
         click.echo(f"warning: {message}", err=True)
 
 

@@ -129,7 +129,7 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
                  "column": error.column, "field": error.field, "message": error.reason}  # fmt: skip
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return error.exit_code
-    warn_missing_code(spec, job_file)
+    warn_missing_code(spec, job_file, check_image=False)  # the image is what render and submit check
     if output == "json":
         valid = {"ok": True, "file": job_file, "name": spec.name, "summary": summary(spec),
                  "job": spec.model_dump(mode="json", by_alias=True)}  # fmt: skip

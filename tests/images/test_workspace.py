@@ -139,7 +139,8 @@ def test_the_layer_dockerfile_installs_requirements_only_when_there_are_some():
 @pytest.mark.parametrize("command", ["validate", "render"])
 def test_validate_and_render_warn_about_code_neither_the_image_nor_the_workspace_has(tmp_path, command):
     root = project(tmp_path / "p")
-    found = run_orch(command, str(root / "job.yaml"))
+    carrying = f"image=registry.example/team/trainer:{workspace.tag(root, BASE)}"  # what orch build printed
+    found = run_orch(command, str(root / "job.yaml"), *(["--set", carrying] if command == "render" else []))
     assert "warning" not in found.stderr
     if command == "validate":
         assert f"  workspace: {root.resolve()} (3 files; orch submit --build ships them over the image)" in (
