@@ -28,13 +28,12 @@ JOURNAL = "study.journal"
 # A trial's user attributes (orch's; Optuna's own fields hold params, values, state, intermediate values)
 RUN = "orch.run"  # where it ran: its run dir, relative to the sweep's folder (or its cluster job's name)
 OWNER = "orch.owner"  # which `orch sweep` process runs it (sweep/owners.py): a trial whose owner died is reconciled
-EXIT_CLASS = (
-    "orch.exit_class"  # why it failed: failed, invalid, interrupted, killed by SIGKILL, no objective, nan
-)
+# why it failed: failed, invalid, stopped, killed by SIGKILL, no objective, nan; or interrupted (cut off while
+# no sweep ran: asked again, not counted)
+EXIT_CLASS = "orch.exit_class"
 ERROR = "orch.error"  # its error line
-RERUN = (
-    "orch.rerun"  # a trial cut off before its first checkpoint, failed and asked again: it no longer counts
-)
+# a trial cut off before its first checkpoint, failed and asked again: it no longer counts
+RERUN = "orch.rerun"
 
 STATES = {
     TrialState.RUNNING: "running",

@@ -241,7 +241,7 @@ def exit_class(code: int) -> str:
     if code == 2:
         return "invalid"  # bad input: a combination of parameters the job refuses
     if code == 130 or code == 128 + signal.SIGTERM:
-        return "interrupted"
+        return "stopped"  # someone else stopped the trial's orch run (the sweep's own stop is "interrupted")
     if code > 128:
         return f"killed by {_signal_name(code - 128)}"
     return "failed"

@@ -256,3 +256,11 @@ def test_sigterm_stops_the_trials_and_leaves_them_to_resume(tmp_path):
     result = run(sweep, resumed)
     assert [row.state for row in result.rows] == ["complete"] * 6
     assert sorted(resumed.started) == [n for n, s in enumerate(states) if s == "RUNNING"] + [4, 5]
+
+
+def test_exit_classes_of_a_trials_orch_run():
+    from orchestrator.sweep.trials import exit_class
+
+    assert [exit_class(code) for code in (1, 2, 130, 143, 137, -9)] == [
+        "failed", "invalid", "stopped", "stopped", "killed by SIGKILL", "killed by SIGKILL",
+    ]  # fmt: skip
