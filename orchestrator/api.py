@@ -473,6 +473,19 @@ def build_image(
     (default: `notice`), one argv as a shell line."""
     from orchestrator import images, workspace
 
+    _expect("build_image", "folder", folder, (str, os.PathLike), "a path")
+    if job is not None:
+        _expect_job("build_image", job)
+    for param, value in (
+        ("image", image),
+        ("tag", tag),
+        ("dockerfile", dockerfile),
+        ("base", base),
+        ("tool", tool),
+    ):
+        if value is not None:
+            _expect("build_image", param, value, (str,), "a str")
+    _expect_strings("build_image", "build_args", build_args)
     repository = image or (
         images.repository(job.image) if job is not None and job.image else images.DEFAULT_REPO
     )
