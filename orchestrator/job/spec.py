@@ -8,8 +8,8 @@ default factory, a field validator); cross-field rules live in `JobSpec._check_c
 `FieldError` with the path it is about.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` in the model modules: pydantic would compile each field's
+# annotation from its string at import (~3 ms of `orch render`); here the class body evaluates them.
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -76,7 +76,7 @@ class Volume(Model):
     secret: Dns1123Name | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> Volume:
+    def _one_source(self) -> "Volume":
         sources = [
             s for s in ("pvc", "empty_dir", "config_map", "secret") if getattr(self, s) not in (None, False)
         ]
@@ -106,7 +106,7 @@ class Topology(Model):
     """Like `required`, but Kueue may spread the pods wider when one domain has no room."""
 
     @model_validator(mode="after")
-    def _one_level(self) -> Topology:
+    def _one_level(self) -> "Topology":
         if (self.required is None) == (self.preferred is None):
             raise ValueError(
                 "set exactly one of required or preferred (a node label naming a topology level)"
@@ -162,7 +162,7 @@ class Output(Model):
     env (AWS_ENDPOINT_URL). The prefix is the run's: a resubmitted job resumes from it."""
 
     @model_validator(mode="after")
-    def _one_place(self) -> Output:
+    def _one_place(self) -> "Output":
         from orchestrator import storage
 
         if (self.pvc is None) == (self.url is None):
@@ -180,7 +180,7 @@ class Elastic(Model):
     max_restarts: NonNegativeInt = 3
 
     @model_validator(mode="after")
-    def _bounds(self) -> Elastic:
+    def _bounds(self) -> "Elastic":
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"min_nodes ({self.min_nodes}) is larger than max_nodes ({self.max_nodes})")
         return self
@@ -330,7 +330,7 @@ class JobSpec(Model):
         return Restart.model_construct(restart.model_fields_set, **{**dict(restart), "policy": policy})
 
     @model_validator(mode="after")
-    def _check_consistency(self) -> JobSpec:
+    def _check_consistency(self) -> "JobSpec":
         for field, kind in (("affinity", "V1Affinity"), ("pod_overrides", pod_shape.ROOT)):
             value = getattr(self, field)
             if value is not None and (found := pod_shape.problem(value, kind)) is not None:
