@@ -68,6 +68,8 @@ lint: install
 
 bench: install
 	$(BIN)/pip install --quiet -e '.[bench]'  # Accelerate, the third loop of the comparison
+	# TorchX (the CLI comparison) beside the venv, not in it: it pins urllib3 < 1.27, the kubernetes client needs >= 2.8
+	test -d build/torchx-site/torchx || $(BIN)/pip install --quiet --target build/torchx-site 'torchx==0.7.0'
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 gpu-check: install  # one GPU, < 8 min: a table and gpu-check.json (docs/performance.md); --tiny on a CPU
