@@ -7,13 +7,15 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from orchestrator.storage import StorageError
 from orchestrator.trainer.compat import TorchTooOld
+from orchestrator.trainer.data import DataError
 from orchestrator.trainer.exits import exit_now
 from orchestrator.trainer.main import main
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
 try:
     code = record(main)()  # 0, or 128+signal after a stop that wrote its checkpoint (trainer/stop.py)
-except (TorchTooOld, StorageError) as error:  # one line, not a traceback: the fix is the image or the store
+except (TorchTooOld, StorageError, DataError) as error:  # one line, not a traceback: the fix is the image,
+    # the store or the data
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(2)
 except BaseException as error:  # noqa: BLE001 (record() has written the error file; this only exits)

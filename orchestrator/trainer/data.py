@@ -21,7 +21,10 @@ when they resume (`ORDER_RANDPERM`), so a run in flight sees every sample of its
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import numbers
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -214,12 +217,57 @@ class ShardedStream:
 
     def __post_init__(self) -> None:
         if len(self.shards) != len(self.sizes) or not self.shards:
-            raise ValueError("ShardedStream needs one size per shard, and at least one shard")
-        if any(size < 0 for size in self.sizes) or self.buffer_size < 1:
-            raise ValueError("ShardedStream: sizes must be >= 0 and buffer_size >= 1")
+            raise StreamError(
+                f"ShardedStream needs one size per shard, and at least one shard "
+                f"({len(self.shards)} shards, {len(self.sizes)} sizes)"
+            )
+        if not all(isinstance(shard, str) and shard for shard in self.shards):
+            raise StreamError("ShardedStream.shards must be non-empty strings (paths or URLs)")
+        twice = sorted({shard for shard in self.shards if self.shards.count(shard) > 1})
+        if twice:  # its samples would be read twice an epoch
+            raise StreamError(f"ShardedStream lists shard {twice[0]} more than once: each shard once")
+        if not all(isinstance(size, numbers.Integral) and not isinstance(size, bool) and size >= 0
+                   for size in self.sizes):  # (numpy's integers are Integral; a bool or a float is no count)  # fmt: skip
+            raise StreamError("ShardedStream.sizes must be ints >= 0 (each shard's number of samples)")
+        if type(self.buffer_size) is not int or self.buffer_size < 1:
+            raise StreamError("ShardedStream.buffer_size must be an int >= 1")
+        if not sum(self.sizes):
+            raise StreamError(
+                f"ShardedStream: its {len(self.shards)} shards hold no samples (every size is 0)"
+            )
 
     def __len__(self) -> int:
         return sum(self.sizes)
+
+    def fingerprint(self) -> str:
+        """The sha256 of the shards' names and sizes, in order: what a checkpoint records, so that a resume
+        notices shards added, removed, renamed or recounted. (A shard rewritten under the same name with as
+        many samples is not seen: write new shards under new names.)"""
+        listing = json.dumps(
+            [list(self.shards), [int(n) for n in self.sizes]], separators=(",", ":")
+        ).encode()
+        return hashlib.sha256(listing).hexdigest()
+
+
+class DataError(ValueError):
+    """The training data is not what the run was told or started with; the message says which part (one
+    line: the trainer prints it as `error: ...` and exits 2, as for a bad store: a retry will not fix it)."""
+
+    def __init__(self, message: str) -> None:
+        # Raised in a DataLoader worker, the exception is made again in the trainer from its traceback's text
+        # (torch's ExceptionWrapper.reraise: "Caught X in DataLoader worker process 0 ... Original Traceback");
+        # the line that matters is its last, after the class name.
+        if message.startswith("Caught ") and "Original Traceback" in message:
+            message = message.rstrip().splitlines()[-1].partition(": ")[2]
+        super().__init__(message)
+
+
+class StreamError(DataError):
+    """A ShardedStream's shards do not read as its shards and sizes say (or it cannot describe them)."""
+
+
+class DataChanged(DataError):
+    """A resume found another training set than its checkpoint's (another size, other shards)."""
 
 
 def _shard_order(stream: ShardedStream, seed: int, epoch: int) -> list[int]:
@@ -231,7 +279,12 @@ def _shard_order(stream: ShardedStream, seed: int, epoch: int) -> list[int]:
 
 
 def _read_range(stream: ShardedStream, order: list[int], start: int, count: int) -> Iterator[Any]:
-    """Samples [start, start + count) of the epoch's concatenation of shards (in `order`)."""
+    """Samples [start, start + count) of the epoch's concatenation of shards (in `order`).
+
+    A shard is read for `size` samples at most, and one that yields fewer than the range needs, or more
+    than its size where the range goes on past it, is an error naming it: taking the next shard's samples
+    (or leaving some out) would shift every later range, so that other ranks and workers read the same
+    samples twice and skip others, without a word."""
     offset = 0
     for index in order:
         size = stream.sizes[index]
@@ -241,14 +294,39 @@ def _read_range(stream: ShardedStream, order: list[int], start: int, count: int)
             offset += size
             continue
         skip = max(0, start - offset)
-        for position, sample in enumerate(stream.read(stream.shards[index])):
-            if position < skip:
-                continue  # a stream cannot seek: read past the part before this range
-            if count <= 0:
-                return
-            yield sample
-            count -= 1
+        wanted = min(size, skip + count)  # this range's last position in the shard, + 1
+        shard = stream.shards[index]
+        samples = iter(_reading(stream, shard))
+        position = 0
+        for position, sample in enumerate(itertools.islice(samples, wanted), start=1):
+            if position > skip:  # a stream cannot seek: read past the part before this range
+                yield sample
+        if position < wanted:
+            raise StreamError(
+                f"shard {shard} yielded {position} samples, its size says {size}: the shard changed since "
+                "its size was counted, or ShardedStream.sizes is wrong"
+            )
+        if wanted == size and count > size - skip and next(samples, _END) is not _END:
+            raise StreamError(
+                f"shard {shard} holds more samples than its size says ({size}): the shard changed since its "
+                "size was counted, or ShardedStream.sizes is wrong"
+            )
+        count -= wanted - skip
         offset += size
+
+
+_END = object()
+
+
+def _reading(stream: ShardedStream, shard: str) -> Iterator[Any]:
+    """`stream.read(shard)`, its failures (a shard gone, a store that does not answer) one line naming it."""
+    try:
+        yield from stream.read(shard)
+    except DataError:
+        raise
+    except Exception as error:
+        reason = " ".join(str(error).split())[:300] or type(error).__name__
+        raise StreamError(f"shard {shard} could not be read: {type(error).__name__}: {reason}") from error
 
 
 def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -300,7 +378,7 @@ class _RankStream(torch.utils.data.IterableDataset):
             for batch in mine:
                 items = list(itertools.islice(samples, micro))
                 if len(items) < micro:
-                    raise ValueError(
+                    raise StreamError(
                         f"the stream's shards yielded fewer samples than their sizes say (epoch {epoch}); "
                         "check ShardedStream.sizes"
                     )
@@ -318,4 +396,65 @@ def stream_loader(
         batch_size=None,  # the workers batch
         num_workers=num_workers,
         pin_memory=pin,
+    )
+
+
+# --- what a resume compares ---------------------------------------------------------------------------------
+
+SPLIT = ("world_size", "num_workers", "buffer_size")  # how a stream is cut over ranks, workers, the shuffle
+ORDER = ("batch_size", "seed")  # the step -> samples mapping of either kind of training set
+
+
+def record(layout: Layout, stream: ShardedStream | None, num_workers: int) -> dict[str, Any]:
+    """What the run's sample order depends on, for its checkpoints (train.pt's `data`): `resume_check`
+    compares it with the resumed run's."""
+    saved: dict[str, Any] = {
+        "samples": layout.dataset_size, "batch_size": layout.batch_size, "seed": layout.seed,
+        "world_size": layout.world_size, "num_workers": num_workers,
+    }  # fmt: skip
+    if stream is not None:
+        saved |= {
+            "shards": len(stream.shards),
+            "fingerprint": stream.fingerprint(),
+            "buffer_size": stream.buffer_size,
+        }
+    return saved
+
+
+def resume_check(saved: dict[str, Any], now: dict[str, Any], *, step: int) -> str | None:
+    """Raises DataChanged when the training set is not the checkpoint's (another number of samples; for a
+    stream, shards added, removed, renamed or recounted): resuming would read some samples of the epoch twice
+    and skip others, and the run would go on as if it had not. Returns a warning when only the split or the
+    order changed in the middle of an epoch (another world size, num_workers, buffer, batch size or seed): that
+    epoch may read some samples twice and others not at all, the next ones read each once. A checkpoint that
+    predates a field (its `saved` lacks it) is not compared on it."""
+
+    def changed(key: str) -> bool:
+        return saved.get(key) is not None and saved[key] != now.get(key)
+
+    if changed("samples") or changed("fingerprint") or changed("shards"):
+        if "fingerprint" not in now or "fingerprint" not in saved:
+            told = f"{saved.get('samples')} samples then, {now['samples']} now"
+        elif (saved.get("samples"), saved.get("shards")) == (now["samples"], now["shards"]):
+            told = (
+                f"{now['shards']} shards of {now['samples']} samples as then, but their names or sizes differ"
+            )
+        else:
+            told = f"{saved.get('samples')} samples in {saved.get('shards')} shards then, {now['samples']} in {now['shards']} now"
+        raise DataChanged(
+            f"the checkpoint at step {step} was written for other training data: {told}; resuming would read "
+            "some samples of this epoch twice and skip others. Restore the data the run started with, or start "
+            "a new run (another output directory or prefix)"
+        )
+    keys = (*SPLIT, *ORDER) if "fingerprint" in now else ORDER
+    moved = [key for key in keys if changed(key)]
+    old_epoch = saved.get("samples", now["samples"]) // saved.get("batch_size", now["batch_size"])
+    new_epoch = now["samples"] // now["batch_size"]
+    if not moved or (step % old_epoch == 0 and step % new_epoch == 0):
+        return None  # at an epoch's start: the next epoch reads each sample once in the new order
+    was = ", ".join(f"{key} {saved[key]}" for key in moved)
+    is_now = ", ".join(f"{key} {now[key]}" for key in moved)
+    return (
+        f"warning: the checkpoint at step {step} was written with {was}, now {is_now}: until the next epoch some "
+        "samples may be read twice and others not at all (docs/tasks.md, Streaming datasets)"
     )

@@ -308,13 +308,14 @@ class Trainer:
     def save_checkpoint(self, step: int, progress: Progress) -> None:
         """Model, optimizer and what a resume needs to go on as if uninterrupted. A collective."""
         from orchestrator import storage
+        from orchestrator.trainer import data
 
         train_state = {
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "counters": progress.counters(),
             "data_order": self.layout.order,
-            "num_workers": self.cfg.num_workers,  # a stream's split depends on it (data.ShardedStream)
+            "data": data.record(self.layout, self.stream, self.cfg.num_workers),  # what a resume compares
             "tracking": self.tracker.state(),  # the MLflow run's key and id, from rank 0, which writes the checkpoint
         }
         self.checkpoints.save(step, module=self.module, optimizer=self.optimizer, train_state=train_state)
@@ -416,6 +417,12 @@ def resume(trainer: Trainer) -> tuple[int | None, dict[str, Any] | None]:
         checkpoint.seed_everything(cfg.seed, world.rank)  # distinct dropout streams per rank
         trainer.tracker.start(saved={}, step=0)
         return None, None
+    # Another training set is refused (data.DataChanged: one line, exit 2); another split or order, said.
+    saved_data = resumed.state.get("data") or {  # checkpoints before the data record: the split alone
+        "world_size": resumed.state.get("world_size"), "num_workers": resumed.state.get("num_workers"),
+    }  # fmt: skip
+    now = data.record(trainer.layout, trainer.stream, cfg.num_workers)
+    data_note = data.resume_check(saved_data, now, step=resumed.step)
     stretched = trainer.scheduler.load_state_dict(resumed.state["scheduler"])
     trainer.scaler.load_state_dict(resumed.state["scaler"])
     step = resumed.step
@@ -426,13 +433,8 @@ def resume(trainer: Trainer) -> tuple[int | None, dict[str, Any] | None]:
     trainer.layout = dataclasses.replace(trainer.layout, order=order)
     if order != data.ORDER_FEISTEL:
         reporter.say(f"this run keeps the sample order of the version that started it ({order})")
-    saved_split = (resumed.state.get("world_size"), resumed.state.get("num_workers"))
-    if trainer.stream is not None and saved_split != (world.world_size, cfg.num_workers):
-        reporter.say(
-            f"warning: the stream was split for world size {saved_split[0]} x {saved_split[1]} workers, "
-            f"now {world.world_size} x {cfg.num_workers}: until the next epoch some samples may be read "
-            "twice and others not at all (docs/tasks.md, Streaming datasets)"
-        )
+    if data_note:
+        reporter.say(data_note)
     if stretched:
         old_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, resumed.state["scheduler"]["max_steps"])
         new_lr = lr_at(step, cfg.schedule, cfg.optimizer.lr, trainer.max_steps)

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.trainer.data import Layout, ShardedStream, _RankStream, stream_loader
+from orchestrator.trainer import data
+from orchestrator.trainer.data import (
+    DataChanged,
+    Layout,
+    ShardedStream,
+    StreamError,
+    _RankStream,
+    stream_loader,
+)
 from tests.trainer.conftest import job, orch_run, write_job
 from tests.trainer.stream_tasks import write_shards
 
@@ -99,7 +107,7 @@ def test_a_stream_shorter_than_its_sizes_say_is_a_clear_error():
     stream = ids_stream()
     short = ShardedStream(shards=stream.shards, sizes=(20,) * 6, read=stream.read)
     layout = Layout(dataset_size=len(short), batch_size=16, micro_batch_size=16, world_size=1, seed=0)
-    with pytest.raises(ValueError, match="fewer samples than their sizes say"):
+    with pytest.raises(StreamError, match=r"^shard \d yielded 16 samples, its size says 20: "):
         read_ids(short, layout, 0, 0, 7)
 
 
@@ -134,9 +142,207 @@ def test_a_killed_streaming_run_resumes_and_sees_every_sample_of_the_epoch_once(
         kept += [i for line in second for i in line]  # steps 5-6, after the resume
     assert sorted(kept) == list(range(SHARDS * PER_SHARD))
 
+    # #33: a shard added since: the next run (1 process, the cheaper launch) refuses to resume on the step-6
+    # checkpoint in one line (a shard more moves every range: samples read twice, others skipped, silently)
+    write_shards(shards, SHARDS + 1, PER_SHARD)
+    spec["restart"] = {"policy": "never"}  # (the refusal is permanent: a restart would refuse again)
+    again = orch_run(write_job(tmp_path, spec), tmp_path / "out", "--procs", "1", "--steps", "8", timeout=300)
+    assert again.returncode == 1
+    line = again.stderr.splitlines()[0]
+    assert line.startswith(
+        "error: rank 0 failed (exit code 2): DataChanged: the checkpoint at step 6 was written for other training "
+        "data: 96 samples in 6 shards then, 112 in 7 now; resuming would read some samples of this epoch twice and "
+        "skip others. Restore the data the run started with, or start a new run (another output directory or "
+        "prefix) (at orchestrator/trainer/data.py:"
+    ) and line.endswith(f"; its output: {tmp_path / 'out' / 'logs' / 'rank-0.log'}")
+    assert again.summary["steps"] == 6  # nothing trained, nothing written
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())[-1] == "step-00000006"
+
 
 def test_an_iterable_dataset_that_is_not_a_sharded_stream_is_one_line(tmp_path):
     spec = job("iterable", task="tests.trainer.stream_tasks:iterable_task", task_args={}, max_steps=2)
     run = orch_run(write_job(tmp_path, spec), tmp_path / "out")
     assert run.returncode == 1
     assert "Task.train_dataset is an IterableDataset: give its shards as" in run.stderr
+
+
+# --- hostile and unlucky streams (#33) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [(0, 20, 0, 30, 0, 46), (16, 16, 16, 16, 16, 16, 0), (0, 96)])
+def test_empty_shards_are_never_read_and_a_resume_at_every_step_continues_exactly(sizes):
+    """Shards of size 0 anywhere in the list: every sample once per epoch, and a resume at any step of two
+    epochs reads what the uninterrupted run reads."""
+    stream = ids_stream(sizes=sizes)
+    layout = Layout(dataset_size=96, batch_size=16, micro_batch_size=4, world_size=2, seed=6)
+    assert sorted(i for r in range(2) for i in read_ids(stream, layout, r, 0, 6)) == list(range(96))
+    for rank in range(2):
+        whole = read_ids(stream, layout, rank, 0, 13)
+        for stop in range(14):
+            assert read_ids(stream, layout, rank, 0, stop) + read_ids(stream, layout, rank, stop, 13) == whole
+
+
+def recounted(sizes_said, sizes_held) -> ShardedStream:
+    """A stream whose shards hold `sizes_held` samples while it says `sizes_said`: shards rewritten after
+    their sizes were counted (ids of shard k start at 100 k, so a sample says which shard it came from)."""
+
+    def read(shard: str):
+        k = int(shard)
+        yield from (torch.tensor(100 * k + i) for i in range(sizes_held[k]))
+
+    return ShardedStream(shards=tuple(str(k) for k in range(len(sizes_said))), sizes=tuple(sizes_said), read=read,
+                         buffer_size=4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("held", "message"),
+    [
+        ((16, 16, 12, 16, 16, 16), "shard 2 yielded 12 samples, its size says 16: the shard changed since its size was counted, or ShardedStream.sizes is wrong"),
+        ((16, 16, 20, 16, 16, 16), "shard 2 holds more samples than its size says (16): the shard changed since its size was counted, or ShardedStream.sizes is wrong"),
+    ],
+)  # fmt: skip
+def test_a_shard_that_holds_another_number_of_samples_than_its_size_is_an_error_naming_it(held, message):
+    """#33: a shard in the middle that yields fewer (or more) samples than its size made the range that read it
+    take the next shard's first samples (or leave its own last ones), which the next range reads too: samples
+    trained twice or never, without a word (only a shortfall at the very end of an epoch was noticed)."""
+    stream = recounted((16,) * 6, held)
+    layout = Layout(dataset_size=96, batch_size=16, micro_batch_size=4, world_size=2, seed=0)
+    with pytest.raises(StreamError) as caught:
+        [read_ids(stream, layout, rank, 0, 6) for rank in range(2)]
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shards": ("a", "b", "a"), "sizes": (4, 4, 4)}, "ShardedStream lists shard a more than once: each shard once"),
+        ({"shards": ("a", "b"), "sizes": (4,)}, "ShardedStream needs one size per shard, and at least one shard (2 shards, 1 sizes)"),
+        ({"shards": ("a", "b"), "sizes": (4, 2.5)}, "ShardedStream.sizes must be ints >= 0 (each shard's number of samples)"),
+        ({"shards": ("a", "b"), "sizes": (4, True)}, "ShardedStream.sizes must be ints >= 0 (each shard's number of samples)"),
+        ({"shards": ("a", "b"), "sizes": (4, -1)}, "ShardedStream.sizes must be ints >= 0 (each shard's number of samples)"),
+        ({"shards": ("a", ""), "sizes": (4, 4)}, "ShardedStream.shards must be non-empty strings (paths or URLs)"),
+        ({"shards": ("a", "b"), "sizes": (0, 0)}, "ShardedStream: its 2 shards hold no samples (every size is 0)"),
+        ({"shards": ("a",), "sizes": (4,), "buffer_size": 0}, "ShardedStream.buffer_size must be an int >= 1"),
+    ],
+)  # fmt: skip
+def test_a_stream_that_cannot_be_read_as_it_says_is_refused_in_one_line(kwargs, message):
+    """#33: a shard listed twice was read twice an epoch without a word; a float size failed deep in a worker."""
+    with pytest.raises(StreamError) as caught:
+        ShardedStream(read=lambda shard: iter(()), **kwargs)
+    assert str(caught.value) == message
+
+
+def test_numpy_sizes_are_counts_and_give_the_same_fingerprint():
+    import numpy as np
+
+    stream = ids_stream()
+    as_numpy = ShardedStream(shards=stream.shards, sizes=tuple(np.array(stream.sizes)), read=stream.read)
+    assert as_numpy.fingerprint() == stream.fingerprint()
+
+
+def test_a_shard_that_cannot_be_read_is_one_line_naming_it():
+    """A shard deleted since the listing: the reader's own error, in one line, with the shard's name."""
+
+    def read(shard: str):
+        if shard == "3":
+            raise FileNotFoundError(2, "No such file or directory", "/data/shard-3.tar")
+        yield from (torch.tensor(i) for i in range(16))
+
+    stream = ShardedStream(shards=tuple("012345"), sizes=(16,) * 6, read=read)
+    layout = Layout(dataset_size=96, batch_size=16, micro_batch_size=16, world_size=1, seed=0)
+    with pytest.raises(StreamError) as caught:
+        read_ids(stream, layout, 0, 0, 6)
+    assert str(caught.value) == (
+        "shard 3 could not be read: FileNotFoundError: [Errno 2] No such file or directory: '/data/shard-3.tar'"
+    )
+
+
+@pytest.mark.launch  # DataLoader worker processes
+def test_an_error_in_a_dataloader_worker_stays_one_line():
+    """torch makes a worker's exception again in the trainer from its traceback's text ("Caught StreamError in
+    DataLoader worker process 1 ... Original Traceback ..."): the trainer's `error:` line keeps the last line."""
+    stream = recounted((16,) * 6, (16, 16, 12, 16, 16, 16))
+    layout = Layout(dataset_size=96, batch_size=16, micro_batch_size=2, world_size=1, seed=0)
+    with pytest.raises(StreamError) as caught:
+        read_ids(stream, layout, 0, 0, 6, workers=2)
+    assert str(caught.value) == (
+        "shard 2 yielded 12 samples, its size says 16: the shard changed since its size was counted, or "
+        "ShardedStream.sizes is wrong"
+    )
+
+
+STREAM_RECORD = {"samples": 96, "batch_size": 16, "seed": 0, "world_size": 2, "num_workers": 2, "shards": 6,
+                 "fingerprint": ids_stream().fingerprint(), "buffer_size": 8}  # fmt: skip
+OTHER_DATA = (
+    "the checkpoint at step 4 was written for other training data: {}; resuming would read some samples of this "
+    "epoch twice and skip others. Restore the data the run started with, or start a new run (another output "
+    "directory or prefix)"
+)
+
+
+@pytest.mark.parametrize(
+    ("now", "step", "refused"),
+    [
+        (ids_stream(sizes=(16,) * 7), 4, "96 samples in 6 shards then, 112 in 7 now"),  # a shard added
+        (ids_stream(sizes=(16, 16, 16, 16, 16, 8, 8)), 4, "96 samples in 6 shards then, 96 in 7 now"),
+        (ids_stream(sizes=(16, 16, 16, 16, 8, 24)), 4, "6 shards of 96 samples as then, but their names or sizes differ"),
+        (ids_stream(sizes=(16,) * 7), 6, "96 samples in 6 shards then, 112 in 7 now"),  # at an epoch's start too
+    ],
+)  # fmt: skip
+def test_a_resume_on_other_shards_is_refused_in_one_line(now, step, refused):
+    """#33: the checkpoint records the shards' names and sizes (a sha256) and their count; a resume on other
+    shards would map its step to other samples: some of the epoch read twice, some never, silently."""
+    layout = Layout(dataset_size=len(now), batch_size=16, micro_batch_size=4, world_size=2, seed=0)
+    with pytest.raises(DataChanged) as caught:
+        data.resume_check(STREAM_RECORD, data.record(layout, now, num_workers=2), step=step)
+    assert str(caught.value) == OTHER_DATA.format(refused).replace("step 4", f"step {step}")
+
+
+def test_a_resume_on_a_map_style_set_of_another_size_is_refused():
+    saved = {**STREAM_RECORD, "samples": 256}
+    saved = {k: v for k, v in saved.items() if k not in ("shards", "fingerprint", "buffer_size")}
+    layout = Layout(dataset_size=300, batch_size=16, micro_batch_size=4, world_size=2, seed=0)
+    with pytest.raises(DataChanged) as caught:
+        data.resume_check(saved, data.record(layout, None, num_workers=2), step=4)
+    assert str(caught.value) == OTHER_DATA.format("256 samples then, 300 now")
+
+
+@pytest.mark.parametrize(
+    ("change", "step", "warning"),
+    [
+        ({"world_size": 1, "micro": 8}, 4, "world_size 2, now world_size 1"),
+        ({"num_workers": 3}, 4, "num_workers 2, now num_workers 3"),
+        ({"buffer_size": 4}, 3, "buffer_size 8, now buffer_size 4"),  # the shuffle would not replay
+        ({"seed": 1}, 5, "seed 0, now seed 1"),
+        (
+            {"world_size": 1, "micro": 8},
+            6,
+            None,
+        ),  # at an epoch's start: the next epoch reads each sample once
+        ({}, 4, None),
+    ],
+)
+def test_another_split_or_order_mid_epoch_is_said_and_at_an_epoch_start_needs_no_word(change, step, warning):
+    stream = ids_stream(buffer_size=change.get("buffer_size", 8))
+    layout = Layout(dataset_size=96, batch_size=16, micro_batch_size=change.get("micro", 4),
+                    world_size=change.get("world_size", 2), seed=change.get("seed", 0))  # fmt: skip
+    note = data.resume_check(
+        STREAM_RECORD, data.record(layout, stream, change.get("num_workers", 2)), step=step
+    )
+    assert note == (
+        None
+        if warning is None
+        else f"warning: the checkpoint at step {step} was written with {warning}: until the "
+        "next epoch some samples may be read twice and others not at all (docs/tasks.md, Streaming datasets)"
+    )
+
+
+def test_a_checkpoint_before_the_data_record_is_compared_on_its_split_only():
+    """train.pt of earlier versions: world_size and num_workers at its top level, nothing about the shards."""
+    layout = Layout(dataset_size=112, batch_size=16, micro_batch_size=4, world_size=2, seed=0)
+    now = data.record(layout, ids_stream(sizes=(16,) * 7), num_workers=2)
+    assert data.resume_check({"world_size": 2, "num_workers": 2}, now, step=3) is None
+    assert data.resume_check({"world_size": 4, "num_workers": 2}, now, step=3) == (
+        "warning: the checkpoint at step 3 was written with world_size 4, now world_size 2: until the next epoch "
+        "some samples may be read twice and others not at all (docs/tasks.md, Streaming datasets)"
+    )
