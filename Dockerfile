@@ -22,7 +22,7 @@ ARG PIP_FIND_LINKS
 ARG PIP_NO_INDEX
 WORKDIR /src
 # The wheel carries the top-level Dockerfile and its script too (pyproject.toml: orchestrator.build_context),
-# so the package can build this image from any folder (orch build: orchestrator/images.py own_context).
+# so the package can build this image from any folder (orch build: orchestrator/imaging/builder.py own_context).
 COPY pyproject.toml README.md Dockerfile .dockerignore ./
 COPY images/install-trainer.sh images/
 COPY orchestrator/ orchestrator/

@@ -238,7 +238,9 @@ class Build:
     context: str = "."  # the trainer image's build context (used when it holds a Dockerfile)
     build_args: Sequence[str] = ()  # KEY=VALUE
     tool: str | None = None  # docker | podman | buildah; None: the first one found
-    job_file: str | Path = "job.yaml"  # its folder is the default workspace (orchestrator/workspace.py)
+    job_file: str | Path = (
+        "job.yaml"  # its folder is the default workspace (orchestrator/imaging/workspace.py)
+    )
 
     def __post_init__(self) -> None:
         _expect("Build", "context", self.context, (str, os.PathLike), "a path")
@@ -466,12 +468,12 @@ def build_image(
 
     The trainer image: `base` when given (nothing is built for it), else `folder`'s Dockerfile (`dockerfile`,
     else FOLDER/Dockerfile), else orch's own (the top-level Dockerfile, from the build context packaged with
-    orch: images.own_context), so it builds from any folder. `image` is the repository (default: the job's
-    image's, else images.DEFAULT_REPO); the tag a content hash unless `tag`. Then, when `job` (loaded from
-    `job_file`) has a workspace, its files go on top (orchestrator/workspace.py) under `workspace-<content>-
+    orch: builder.own_context), so it builds from any folder. `image` is the repository (default: the job's
+    image's, else builder.DEFAULT_REPO); the tag a content hash unless `tag`. Then, when `job` (loaded from
+    `job_file`) has a workspace, its files go on top (orchestrator/imaging/workspace.py) under `workspace-<content>-
     <base>`, and that reference is returned. `dry_run`: nothing is built; each command goes to `commands`
     (default: `notice`), one argv as a shell line."""
-    from orchestrator import images, workspace
+    from orchestrator.imaging import builder, workspace
 
     _expect("build_image", "folder", folder, (str, os.PathLike), "a path")
     if job is not None:
@@ -487,7 +489,7 @@ def build_image(
             _expect("build_image", param, value, (str,), "a str")
     _expect_strings("build_image", "build_args", build_args)
     repository = image or (
-        images.repository(job.image) if job is not None and job.image else images.DEFAULT_REPO
+        builder.repository(job.image) if job is not None and job.image else builder.DEFAULT_REPO
     )
     if base is None:
         base = _build_trainer(folder, repository, tag=tag, dockerfile=dockerfile, build_args=build_args, tool=tool,
@@ -511,23 +513,23 @@ def _build_trainer(
     notice: Callback,
     commands: Callback,
 ) -> str:
-    from orchestrator import images
+    from orchestrator.imaging import builder
 
     def build_from(context: str) -> str:
-        request = images.BuildRequest(str(context), repository, tag, dockerfile,
-                                      images.parse_build_args(build_args), push)  # fmt: skip
+        request = builder.BuildRequest(str(context), repository, tag, dockerfile,
+                                      builder.parse_build_args(build_args), push)  # fmt: skip
         if dry_run:
-            ref, planned = images.plan(request, tool)
+            ref, planned = builder.plan(request, tool)
             for argv in planned:
                 commands(shlex.join(argv))
             return ref
-        ref = images.build_and_push(request, tool=tool)
+        ref = builder.build_and_push(request, tool=tool)
         notice(f"built{' and pushed' if push else ''} {ref}")
         return ref
 
     if dockerfile is not None or os.path.isfile(os.path.join(folder, "Dockerfile")):
         return build_from(str(folder))
-    with images.own_context() as context:
+    with builder.own_context() as context:
         notice(f"{folder} has no Dockerfile: building orch's trainer image (from {context})")
         return build_from(context)
 
@@ -535,7 +537,7 @@ def _build_trainer(
 def _build_layer(
     folder: Path, base: str, repository: str, *, tool: str | None, push: bool, dry_run: bool, notice: Callback
 ) -> str:
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     if dry_run:
         selection, ref = workspace.plan_layer(folder, base, repository)
@@ -561,7 +563,7 @@ def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback)
     is built over it), and orch's own trainer image is built when it has none (build_image). On a client dry
     run nothing is built: the commands go to `notice` and the reference they would push is returned, so the
     objects show the image the job would run."""
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     folder = workspace.resolve(job, build.job_file)
     has_dockerfile = os.path.isfile(os.path.join(build.context, "Dockerfile"))

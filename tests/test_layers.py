@@ -107,6 +107,93 @@ def test_the_trainer_config_imports_nothing_else_of_the_trainer():
     assert {t for t in GRAPH[TRAINER_CONFIG] if within(t, TRAINER)} == set()
 
 
+# The layers of docs/decisions.md ("What lives where"), lowest first: a module imports only from its own layer or
+# a lower one. Every module of the package is placed by the longest prefix that names it, so a new module fails
+# `test_every_import_goes_down_the_layers` until it is given a layer here (and in the docs).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "names and data",
+        (
+            "orchestrator",  # the package: its version
+            "orchestrator.naming",
+            "orchestrator.errors",
+            "orchestrator.redaction",
+            "orchestrator.outputs",
+            "orchestrator.storage",
+            "orchestrator.kube",
+            "orchestrator.apis.registry",
+            "orchestrator.job",  # the package (imports nothing), durations, yaml_positions, fields, spec
+            "orchestrator.rendering",  # the package (imports nothing)
+            "orchestrator.rendering.pod_shape",
+            "orchestrator.rendering.parts",
+            "orchestrator.rendering.templates",
+            "orchestrator.imaging.ignorefile",
+            TRAINER_CONFIG,
+        ),
+    ),
+    (
+        "pure translation",
+        (
+            "orchestrator.runtime_env",
+            "orchestrator.launch",  # a pod's PID 1: the env names it reads are written by rendering/pod.py
+            "orchestrator.rendering.scheduling",
+            "orchestrator.rendering.tracking_record",
+            "orchestrator.rendering.pod",
+            "orchestrator.rendering.render",
+            "orchestrator.apis",
+            "orchestrator.status",
+            "orchestrator.job.loading",
+        ),
+    ),
+    (
+        "I/O",
+        (
+            "orchestrator.cluster",
+            "orchestrator.imaging",
+            "orchestrator.local",
+            "orchestrator.trainer",  # started as a process; imports nothing above the data layer but runtime_env
+            "orchestrator.top",
+            "orchestrator.doctor",
+            "orchestrator.sweep",
+        ),
+    ),
+    ("Python API", ("orchestrator.api",)),
+    ("CLI", ("orchestrator.cli", "orchestrator.commands", "orchestrator.__main__")),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the longest prefix naming `module` (None: no layer names it)."""
+    placed = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or (prefix != "orchestrator" and module.startswith(prefix + "."))
+    ]
+    return max(placed)[1] if placed else None
+
+
+def test_every_module_has_a_layer():
+    assert sorted(name for name in MODULES if layer_of(name) is None) == []
+
+
+def test_every_import_goes_down_the_layers():
+    upward = sorted(
+        f"{name} ({LAYERS[layer_of(name) or 0][0]}) imports {target} ({LAYERS[layer_of(target) or 0][0]})"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if (layer_of(target) or 0) > (layer_of(name) or 0)
+    )
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("orchestrator.job.spec") == 0 and layer_of("orchestrator.job.loading") == 1
+    assert layer_of("orchestrator.commands.tables") == 4 and layer_of("orchestrator.api") == 3
+    assert layer_of("orchestrator.apis.registry") == 0 and layer_of("orchestrator.apis.trainjob") == 1
+    assert layer_of("orchestrator.nothing_like_it") is None
+
+
 def test_the_checker_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -100,7 +100,7 @@ def warn_missing_code(spec: JobSpec, job_file: str, *, check_image: bool = True)
     """`warning: ...` on stderr for each task module or script that neither the image's orchestrator package
     nor the job's workspace holds, and (`check_image`; not for `orch submit --build`, which makes the image)
     when the job's image does not carry its workspace as it is now: the pods could not import or run it."""
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     found = workspace.missing(spec, job_file)
     if check_image and (problem := workspace.image_problem(spec, job_file)):

@@ -138,7 +138,7 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
     click.echo(f"OK {job_file}: {spec.name}")
     for line in summary(spec):
         click.echo(f"  {line}")
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     if (folder := workspace.resolve(spec, job_file)) is not None:
         selection = workspace.select(folder) if folder.is_dir() else None

@@ -273,7 +273,7 @@ class JobSpec(Model):
     image: ImageRef | None = None
     workspace: Literal[False] | PathStr | None = None
     """The folder (relative to job.yaml) whose files `orch submit --build` ships as a thin layer over `image`
-    (orchestrator/workspace.py). None: job.yaml's folder when it holds the code the job names; false: none."""
+    (orchestrator/imaging/workspace.py). None: job.yaml's folder when it holds the code the job names; false: none."""
     nodes: PositiveInt = 1
     gpus_per_node: NonNegativeInt = 0
     procs_per_node: PositiveInt = Field(default_factory=lambda fields: fields["gpus_per_node"] or 1)

@@ -75,7 +75,7 @@ def plan(
             raise UsageError(f"--out {redaction.redact(output_dir.partition('?')[0])}: {problem}")
         output_url, output_dir = output_dir.rstrip("/"), None
     out = Path(output_dir) if output_dir else Path("runs") / f"{spec.name}-{stamp}"
-    from orchestrator.images import git_revision
+    from orchestrator.imaging.builder import git_revision
 
     runtime = runtime_env.RuntimeEnv.for_job(
         spec,

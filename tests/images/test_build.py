@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import images
+from orchestrator.imaging import builder
 from tests.conftest import require_tool
 from tests.fakes.cli import run_orch
 
@@ -51,31 +51,31 @@ def context(tmp_path: Path) -> Path:
 
 
 def test_build_argv_per_tool() -> None:
-    request = images.BuildRequest("ctx", build_args={"B": "2", "A": "1"})
+    request = builder.BuildRequest("ctx", build_args={"B": "2", "A": "1"})
     ref = "ghcr.io/acme/t:abc"
-    assert images.build_argv("docker", ref, request) == [
+    assert builder.build_argv("docker", ref, request) == [
         "docker", "build", "--file", "ctx/Dockerfile", "--tag", ref,
         "--build-arg", "A=1", "--build-arg", "B=2", "ctx",
     ]  # fmt: skip
-    assert images.build_argv("podman", ref, request)[:2] == ["podman", "build"]
-    assert images.build_argv("buildah", ref, request) == [
+    assert builder.build_argv("podman", ref, request)[:2] == ["podman", "build"]
+    assert builder.build_argv("buildah", ref, request) == [
         "buildah", "bud", "--file", "ctx/Dockerfile", "--tag", ref,
         "--build-arg", "A=1", "--build-arg", "B=2", "ctx",
     ]  # fmt: skip
-    assert images.push_argv("podman", ref) == ["podman", "push", ref]
+    assert builder.push_argv("podman", ref) == ["podman", "push", ref]
 
 
 def test_build_argv_custom_dockerfile_and_unknown_tool() -> None:
-    request = images.BuildRequest(".", dockerfile="images/cpu/Dockerfile")
-    assert images.build_argv("docker", "r:t", request)[2:4] == ["--file", "images/cpu/Dockerfile"]
-    with pytest.raises(images.UsageError, match="unknown build tool 'kaniko'"):
-        images.build_argv("kaniko", "r:t", request)
+    request = builder.BuildRequest(".", dockerfile="images/cpu/Dockerfile")
+    assert builder.build_argv("docker", "r:t", request)[2:4] == ["--file", "images/cpu/Dockerfile"]
+    with pytest.raises(builder.UsageError, match="unknown build tool 'kaniko'"):
+        builder.build_argv("kaniko", "r:t", request)
 
 
 def test_image_ref_rejects_a_repo_that_has_a_tag() -> None:
-    assert images.image_ref("localhost:5000/team/trainer", "abc") == "localhost:5000/team/trainer:abc"
-    with pytest.raises(images.UsageError, match="already has a tag"):
-        images.image_ref("ghcr.io/acme/trainer:1.0", "abc")
+    assert builder.image_ref("localhost:5000/team/trainer", "abc") == "localhost:5000/team/trainer:abc"
+    with pytest.raises(builder.UsageError, match="already has a tag"):
+        builder.image_ref("ghcr.io/acme/trainer:1.0", "abc")
 
 
 @pytest.mark.parametrize(
@@ -88,23 +88,23 @@ def test_image_ref_rejects_a_repo_that_has_a_tag() -> None:
     ],
 )
 def test_repository(image: str, repo: str) -> None:
-    assert images.repository(image) == repo
+    assert builder.repository(image) == repo
 
 
 def test_parse_build_args(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FROM_ENV", "yes")
-    assert images.parse_build_args(["A=1", "B=x=y", "FROM_ENV", "EMPTY="]) == {
+    assert builder.parse_build_args(["A=1", "B=x=y", "FROM_ENV", "EMPTY="]) == {
         "A": "1", "B": "x=y", "FROM_ENV": "yes", "EMPTY": "",
     }  # fmt: skip
     monkeypatch.delenv("NOPE", raising=False)
-    with pytest.raises(images.UsageError, match=r"\$NOPE is not set"):
-        images.parse_build_args(["NOPE"])
+    with pytest.raises(builder.UsageError, match=r"\$NOPE is not set"):
+        builder.parse_build_args(["NOPE"])
 
 
 def test_git_revision_reads_head(tmp_path: Path) -> None:
     git = require_tool("git")
     subprocess.run([git, "init", "-q", str(tmp_path)], check=True)
-    assert images.git_revision(str(tmp_path)) is None  # no commit yet
+    assert builder.git_revision(str(tmp_path)) is None  # no commit yet
     (tmp_path / "f").write_text("x")
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
@@ -112,9 +112,9 @@ def test_git_revision_reads_head(tmp_path: Path) -> None:
     subprocess.run([git, "-C", str(tmp_path), "commit", "-qm", "x"], check=True, env=env)
     expected = subprocess.run([git, "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True)
     (tmp_path / "sub").mkdir()  # a context below the checkout's root finds the same .git
-    assert images.git_revision(str(tmp_path / "sub")) == expected.stdout.strip()
+    assert builder.git_revision(str(tmp_path / "sub")) == expected.stdout.strip()
     subprocess.run([git, "-C", str(tmp_path), "pack-refs", "--all"], check=True)  # now only in packed-refs
-    assert images.git_revision(str(tmp_path)) == expected.stdout.strip()
+    assert builder.git_revision(str(tmp_path)) == expected.stdout.strip()
 
 
 # --- the content-hash tag ---------------------------------------------------------------------------
@@ -122,11 +122,11 @@ def test_git_revision_reads_head(tmp_path: Path) -> None:
 
 def test_context_files_respect_dockerignore(context: Path) -> None:
     (context / "build.log").write_text("noise")
-    assert images.context_files(str(context)) == [".dockerignore", "Dockerfile", "pkg/train.py", "run.sh"]
+    assert builder.context_files(str(context)) == [".dockerignore", "Dockerfile", "pkg/train.py", "run.sh"]
 
 
 def test_repo_context_is_only_what_the_image_needs() -> None:
-    files = images.context_files(str(REPO_ROOT))
+    files = builder.context_files(str(REPO_ROOT))
     assert "pyproject.toml" in files and "Dockerfile" in files and "images/cpu/Dockerfile" in files
     assert any(f.startswith("orchestrator/") for f in files)
     assert not [
@@ -137,57 +137,57 @@ def test_repo_context_is_only_what_the_image_needs() -> None:
 
 
 def test_tag_is_stable_and_follows_every_input(context: Path, tmp_path: Path) -> None:
-    tag = images.context_tag(str(context))
-    assert tag == images.context_tag(str(context)) and len(tag) == images.TAG_LENGTH
+    tag = builder.context_tag(str(context))
+    assert tag == builder.context_tag(str(context)) and len(tag) == builder.TAG_LENGTH
 
     # A copy elsewhere, with other timestamps, is the same source: same tag.
     copy = tmp_path / "copy"
     shutil.copytree(context, copy)
     os.utime(copy / "pkg" / "train.py", (1, 1))
-    assert images.context_tag(str(copy)) == tag
+    assert builder.context_tag(str(copy)) == tag
 
     # Ignored files do not count; sent files, their mode and names do.
     (context / "notes" / "todo.md").write_text("changed\n")
-    assert images.context_tag(str(context)) == tag
+    assert builder.context_tag(str(context)) == tag
     (context / "pkg" / "train.py").write_text("print('changed')\n")
-    changed = images.context_tag(str(context))
+    changed = builder.context_tag(str(context))
     assert changed != tag
     (context / "run.sh").chmod(0o755)
-    executable = images.context_tag(str(context))
+    executable = builder.context_tag(str(context))
     assert executable != changed
     (context / "pkg" / "train.py").rename(context / "pkg" / "main.py")
-    assert images.context_tag(str(context)) != executable
+    assert builder.context_tag(str(context)) != executable
 
     # The Dockerfile and the build args are inputs too.
-    before = images.context_tag(str(context))
-    assert images.context_tag(str(context), build_args={"BASE_IMAGE": "x"}) != before
+    before = builder.context_tag(str(context))
+    assert builder.context_tag(str(context), build_args={"BASE_IMAGE": "x"}) != before
     (context / "Dockerfile").write_text("FROM scratch\n")
-    assert images.context_tag(str(context)) != before
+    assert builder.context_tag(str(context)) != before
 
 
 def test_dockerfile_outside_the_context_is_hashed(context: Path, tmp_path: Path) -> None:
     outside = tmp_path / "Other.Dockerfile"
     outside.write_text("FROM scratch\n")
-    tag = images.context_tag(str(context), str(outside))
+    tag = builder.context_tag(str(context), str(outside))
     outside.write_text("FROM scratch\nLABEL a=b\n")
-    assert images.context_tag(str(context), str(outside)) != tag
+    assert builder.context_tag(str(context), str(outside)) != tag
 
 
 # --- the command ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tool", images.TOOLS)
+@pytest.mark.parametrize("tool", builder.TOOLS)
 def test_dry_run_prints_commands_then_the_reference(tool: str, context: Path) -> None:
     result = orch("build", str(context), "--image", "ghcr.io/acme/t", "--tool", tool, "--push",
                   "--build-arg", "BASE_IMAGE=base:1", "--dry-run")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    tag = images.context_tag(str(context), build_args={"BASE_IMAGE": "base:1"})
+    tag = builder.context_tag(str(context), build_args={"BASE_IMAGE": "base:1"})
     ref = f"ghcr.io/acme/t:{tag}"
     build, push, last = result.stdout.strip().splitlines()
     head = ["buildah", "bud"] if tool == "buildah" else [tool, "build"]
     assert shlex.split(build) == [
         *head, "--file", f"{context}/Dockerfile", "--tag", ref, "--build-arg", "BASE_IMAGE=base:1",
-        "--build-arg", f"ORCH_VERSION={images.__version__}", str(context),
+        "--build-arg", f"ORCH_VERSION={builder.__version__}", str(context),
     ]  # fmt: skip
     assert shlex.split(push) == [tool, "push", ref]
     assert last == ref
@@ -197,7 +197,7 @@ def test_dry_run_prints_commands_then_the_reference(tool: str, context: Path) ->
 def test_dry_run_without_tool_shows_the_first_tool_on_path(
     on_path: tuple[str, ...], shown: str, context: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`orch build --dry-run` and `orch submit --build --dry-run` share this choice (images.plan): no daemon
+    """`orch build --dry-run` and `orch submit --build --dry-run` share this choice (builder.plan): no daemon
     is probed, since nothing runs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -205,7 +205,7 @@ def test_dry_run_without_tool_shows_the_first_tool_on_path(
         (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    _, commands = images.plan(images.BuildRequest(context=str(context), push=True))
+    _, commands = builder.plan(builder.BuildRequest(context=str(context), push=True))
     assert [argv[0] for argv in commands] == [shown, shown]
 
 
@@ -215,7 +215,7 @@ def test_dry_run_of_the_repo_passes_revision_and_is_stable() -> None:
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     assert first.stdout.strip().splitlines()[-1].startswith("localhost/orch-trainer:")
-    revision = images.git_revision(str(REPO_ROOT))
+    revision = builder.git_revision(str(REPO_ROOT))
     if revision:
         assert f"VCS_REF={revision}" in first.stdout
 
@@ -277,7 +277,7 @@ def test_a_folder_without_a_dockerfile_builds_orchs_own_trainer_image(tmp_path: 
     this checkout; test_a_wheel_carries_the_build_context_of_its_trainer_image for an installed wheel)."""
     result = orch("build", "--image", "ghcr.io/acme/trainer", flag, "podman", "--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    ref = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    ref = f"ghcr.io/acme/trainer:{builder.context_tag(str(REPO_ROOT))}"
     command, last = result.stdout.strip().splitlines()
     argv = shlex.split(command)
     assert argv[:6] == ["podman", "build", "--file", f"{REPO_ROOT}/Dockerfile", "--tag", ref]
@@ -290,7 +290,7 @@ def test_a_folder_without_a_dockerfile_builds_orchs_own_trainer_image(tmp_path: 
 def test_in_a_project_the_workspace_goes_on_the_trainer_image_and_its_reference_is_printed(
     tmp_path: Path,
 ) -> None:
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     root = user_project(tmp_path / "project")
     (root / ".env").write_text("TOKEN=x\n")
@@ -298,7 +298,7 @@ def test_in_a_project_the_workspace_goes_on_the_trainer_image_and_its_reference_
         "build", "--image", "ghcr.io/acme/trainer", "--tool", "buildah", "--push", "--dry-run", cwd=root
     )
     assert result.returncode == 0, result.stderr
-    trainer = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    trainer = f"ghcr.io/acme/trainer:{builder.context_tag(str(REPO_ROOT))}"
     build, push, last = result.stdout.strip().splitlines()
     assert shlex.split(build)[-1] == str(REPO_ROOT) and shlex.split(push) == ["buildah", "push", trainer]
     assert last == f"ghcr.io/acme/trainer:{workspace.tag(root, trainer)}"
@@ -328,7 +328,7 @@ def test_submit_build_takes_the_same_flag_and_builds_orchs_trainer_without_a_doc
     (tmp_path / "job.yaml").write_text("name: demo\nimage: ghcr.io/acme/trainer:1\ntrain: {task: digits}\n")
     result = orch("submit", "job.yaml", "--build", flag, "podman", "--dry-run=client", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    ref = f"ghcr.io/acme/trainer:{images.context_tag(str(REPO_ROOT))}"
+    ref = f"ghcr.io/acme/trainer:{builder.context_tag(str(REPO_ROOT))}"
     assert result.stderr.splitlines()[1].startswith(
         f"podman build --file {REPO_ROOT}/Dockerfile --tag {ref} "
     )
@@ -346,7 +346,7 @@ def test_a_wheel_carries_the_build_context_of_its_trainer_image(tmp_path: Path) 
     import zipfile
 
     source = tmp_path / "source"  # what .dockerignore sends: the checkout without its build outputs
-    for relative in images.context_files(str(REPO_ROOT)):
+    for relative in builder.context_files(str(REPO_ROOT)):
         (source / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / relative, source / relative)
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
@@ -356,8 +356,8 @@ def test_a_wheel_carries_the_build_context_of_its_trainer_image(tmp_path: Path) 
     zipfile.ZipFile(wheel).extractall(site)
     script = (
         "import subprocess, sys\n"
-        "from orchestrator import images\n"
-        "with images.own_context() as context:\n"
+        "from orchestrator.imaging import builder\n"
+        "with builder.own_context() as context:\n"
         "    print(context)\n"
         f"    subprocess.run([*{pip!r}, '--wheel-dir', {str(tmp_path / 'again')!r}, context], check=True)\n"
     )
@@ -412,7 +412,7 @@ def test_push_denied_is_a_clear_error(tmp_path: Path, buildah_env: dict[str, str
                       env={**buildah_env, "CONTAINERS_REGISTRIES_CONF": str(registries_conf)})  # fmt: skip
     finally:
         server.shutdown()
-    tag = images.context_tag(str(ctx))
+    tag = builder.context_tag(str(ctx))
     subprocess.run(["buildah", "rmi", f"{registry}/team/trainer:{tag}"], capture_output=True,
                    env={**os.environ, **buildah_env})  # fmt: skip
     assert result.returncode == 1, result.stderr

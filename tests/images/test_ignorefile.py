@@ -1,4 +1,4 @@
-"""orchestrator/ignorefile.py against the cases moby/patternmatcher tests its own matcher with (patternmatcher_test.go
+"""orchestrator/imaging/ignorefile.py against the cases moby/patternmatcher tests its own matcher with (patternmatcher_test.go
 TestMatches, TestMatch, TestCompile; ignorefile/ignorefile_test.go TestReadAll, at 5a6d842): the port must answer as
 Docker's client does, since a workspace's `.orchignore`/`.dockerignore` and `orch build`'s context follow Docker's
 documented rules. A selection of each table, plus what docker-py's port gets wrong (case, escapes)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import ignorefile
+from orchestrator.imaging import ignorefile
 
 # (pattern, path, left out) from TestMatches, run there through MatchesOrParentMatches
 MATCHES = [

@@ -18,7 +18,7 @@ import yaml
 
 pytest.importorskip("kmock")
 
-from orchestrator import images  # noqa: E402
+from orchestrator.imaging import builder  # noqa: E402
 from tests.cluster.conftest import env, kube  # noqa: E402,F401  (fixtures)
 from tests.images.test_build import _RefusingRegistry  # noqa: E402
 
@@ -43,7 +43,7 @@ def test_client_dry_run_shows_the_build_and_the_image_the_job_would_run(env, tmp
     result = env.orch("submit", str(job), "--build", "--build-context", str(context), "--build-tool", "buildah",
                       "--dry-run=client")  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    ref = f"registry.example/team/trainer:{images.context_tag(str(context))}"
+    ref = f"registry.example/team/trainer:{builder.context_tag(str(context))}"
     pytorchjob = next(o for o in yaml.safe_load_all(result.stdout) if o["kind"] == "PyTorchJob")
     (container,) = pytorchjob["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert container["image"] == ref
@@ -64,7 +64,7 @@ def test_a_refused_push_submits_nothing(env, tmp_path, context, buildah_env):  #
     finally:
         server.shutdown()
     # The image was built before the push was refused: it is removed, the test's store keeps nothing of it.
-    built = f"{registry}/team/trainer:{images.context_tag(str(context))}"
+    built = f"{registry}/team/trainer:{builder.context_tag(str(context))}"
     removed = subprocess.run(["buildah", "rmi", built], capture_output=True, text=True,
                              env={**os.environ, **buildah_env})  # fmt: skip
     assert result.exit_code == 1, result.stderr
@@ -91,7 +91,7 @@ def test_the_cluster_is_checked_before_anything_is_built(env, tmp_path, context)
 def test_a_workspace_goes_on_top_of_the_job_image_on_a_client_dry_run(env, tmp_path):  # noqa: F811
     """#24.1: the task lives beside job.yaml and the folder has no Dockerfile: the job's image is the trainer
     image, and the workspace layer over it is what the job runs."""
-    from orchestrator import workspace
+    from orchestrator.imaging import workspace
 
     project = tmp_path / "project"
     (project / "mypkg").mkdir(parents=True)

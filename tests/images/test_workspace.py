@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import workspace
 from orchestrator.errors import UsageError
+from orchestrator.imaging import workspace
 from orchestrator.job import loading
 from tests.fakes.cli import run_orch  # in process, as the console script runs: the warnings are on stderr
 

@@ -2,7 +2,7 @@
 file changes, and a job whose task lives in the workspace trained by the rendered pod command inside it.
 
 What is real: buildah, the trainer image (the top-level Dockerfile on the CPU `torch` stage, as in
-test_image.py), the layer's Dockerfile from orchestrator/workspace.py, torchrun and the trainer. What stands
+test_image.py), the layer's Dockerfile from orchestrator/imaging/workspace.py, torchrun and the trainer. What stands
 in: the base images (no registry here, see conftest.py), the registry (nothing is pushed: push=False) and the
 training operator, whose PET_* env the test sets.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import workspace
+from orchestrator.imaging import workspace
 from tests.images.conftest import ORCH, buildah, container, container_file, free_port, image_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a cold cache builds the bases too

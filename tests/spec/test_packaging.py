@@ -71,9 +71,11 @@ def test_the_cli_freezes_its_objects_before_python_finalizes():
 def wheel(tmp_path_factory) -> Path:
     """Build the wheel from a copy of the sources (keeps build/ and *.egg-info out of the checkout)."""
     source = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    # pyproject's package-data: README, and the trainer image's build files the wheel carries
+    # (orchestrator.build_context: `orch build` from any folder) beside the code and the templates.
+    for name in ("pyproject.toml", "README.md", "Dockerfile", ".dockerignore"):
         shutil.copy(REPO / name, source / name)
-    for name in ("orchestrator", "manifests"):
+    for name in ("orchestrator", "manifests", "images"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(

@@ -1,10 +1,10 @@
 """#33: a task or script beside job.yaml reaches the pods only in an image that carries the workspace: `orch
-render` and `orch submit` (without --build) say so when the job's image does not (orchestrator/workspace.py
+render` and `orch submit` (without --build) say so when the job's image does not (orchestrator/imaging/workspace.py
 image_problem; the workspace layer's tag names its content)."""
 
 from __future__ import annotations
 
-from orchestrator import workspace
+from orchestrator.imaging import workspace
 from tests.fakes.cli import run_orch  # in process, as the console script runs: the warnings are on stderr
 
 BASE = "registry.example/team/trainer:abc"

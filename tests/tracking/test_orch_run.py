@@ -17,7 +17,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import outputs
-from orchestrator.images import git_revision
+from orchestrator.imaging.builder import git_revision
 from orchestrator.trainer import tracking
 from tests.tracking.conftest import metric_history, running, tensorboard_scalars
 from tests.trainer.conftest import REPO, Run, orch_run

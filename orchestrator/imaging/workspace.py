@@ -7,7 +7,7 @@
 `workspace:` in job.yaml names the folder (relative to job.yaml); without it, the folder that holds job.yaml is
 the workspace when it holds code the job refers to (a `train.task` module, a `command:` script or `-m`
 module); `workspace: false` turns it off. What goes in (select): every file under the folder except what its
-`.orchignore` (else `.dockerignore`, Docker's rules: orchestrator/ignorefile.py) excludes; never `.git`, virtual
+`.orchignore` (else `.dockerignore`, Docker's rules: orchestrator/imaging/ignorefile.py) excludes; never `.git`, virtual
 environments, byte code or run outputs; credentials (SECRETS, and files that hold a private key) only when the
 ignore file names them; never a symlink that points outside the folder, nor a FIFO, socket or device. The tag
 (`workspace-<content>-<base>`) hashes exactly that (paths, executable bits, contents) and the layer's
@@ -16,7 +16,7 @@ submit --build` rebuilds the layer only when a file changes, and the content par
 the job's image carries the workspace as it is now (image_problem).
 
 Pure parts (what is referenced, which files, the Dockerfile, the tag) apart from `build_layer`, which stages
-the files and calls images.py's one build function.
+the files and calls builder.py's one build function.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator import ignorefile, outputs
+from orchestrator import outputs
+from orchestrator.imaging import ignorefile
 
 if TYPE_CHECKING:
     from orchestrator.job.spec import JobSpec
@@ -136,14 +137,14 @@ def image_problem(spec: JobSpec, job_file: str | Path) -> str | None:
     (tag()), and <content> is content_digest() of the files; any other reference (the plain trainer image, a
     layer of older files, a bare digest) would leave every pod without the code. An image that installs the
     code itself: `workspace: false` says so."""
-    from orchestrator import images
+    from orchestrator.imaging import builder
 
     folder = resolve(spec, job_file)
     if folder is None or not folder.is_dir() or not spec.image:
         return None
     named = [f"{r.field} {r.name!r}" for r in references(spec) if not in_image_package(r)]
     what = f"{' and '.join(named) or 'the job'}: the workspace {_show(str(folder))}"
-    image, repository = spec.image, images.repository(spec.image)
+    image, repository = spec.image, builder.repository(spec.image)
     tagged = image.split("@", 1)[0][len(repository) :].lstrip(":")
     fix = (
         f"build it first: REF=$(orch build --image {repository} --push) and render with --set image=$REF, or "
@@ -262,7 +263,7 @@ def _mib(size: int) -> str:
 
 
 def ignore_matcher(folder: Path) -> ignorefile.Matcher:
-    """The workspace's `.orchignore`, else its `.dockerignore` (Docker's rules, orchestrator/ignorefile.py)."""
+    """The workspace's `.orchignore`, else its `.dockerignore` (Docker's rules, orchestrator/imaging/ignorefile.py)."""
     from orchestrator.errors import UsageError
 
     for name in IGNORE_FILES:
@@ -344,7 +345,7 @@ def dockerfile(base_image: str, *, requirements: bool) -> str:
     UIDs can read them). requirements.txt is installed with every torch/triton/nvidia-* package the base
     has as a constraint, as the trainer image does: pip keeps the base's CUDA build or fails."""
     lines = [
-        "# orch workspace layer (orchestrator/workspace.py): the job's code over the trainer image",
+        "# orch workspace layer (orchestrator/imaging/workspace.py): the job's code over the trainer image",
         f"FROM {base_image}",
         f"COPY --chown=10001:0 . {IMAGE_DIR}/",
     ]
@@ -415,14 +416,14 @@ class Layer:
 def plan_layer(folder: Path, base_image: str, repository: str) -> tuple[Selection, str]:
     """What build_layer would ship and the reference it would push, without building: for a dry run. Refuses
     (UsageError) a folder that is not one, and files over the size limits."""
-    from orchestrator import images
     from orchestrator.errors import UsageError
+    from orchestrator.imaging import builder
 
     if not folder.is_dir():
         raise UsageError(f"workspace {_show(str(folder))} is not a folder")
     selection = select(folder)
     selection.check_size()
-    return selection, images.image_ref(repository, tag(folder, base_image, selection.files))
+    return selection, builder.image_ref(repository, tag(folder, base_image, selection.files))
 
 
 def build_layer(
@@ -433,22 +434,22 @@ def build_layer(
     The build context is a temporary folder holding only the files that go in, each as the tag hashed it
     (0755 or 0644, one fixed timestamp), and the Dockerfile beside it, so nothing else of the folder reaches
     the builder and the same files give the same layer."""
-    from orchestrator import images
+    from orchestrator.imaging import builder
 
     selection, ref = plan_layer(folder, base_image, repository)
-    chosen = images.find_tool(tool)
-    present = images.has_image(chosen, ref)
+    chosen = builder.find_tool(tool)
+    present = builder.has_image(chosen, ref)
     if not present:
         with tempfile.TemporaryDirectory(prefix="orch-workspace-") as staging:
             context = Path(staging) / "context"
             _stage(folder, selection.files, context)
             layer_file = Path(staging) / "Dockerfile"
             layer_file.write_text(dockerfile(base_image, requirements=REQUIREMENTS in selection.files))
-            request = images.BuildRequest(str(context), repository, ref.rsplit(":", 1)[1], str(layer_file))
-            argv = images.build_argv(chosen, ref, request)
-            images.check_completed(chosen, ref, images.run_build(argv), pushing=False)
+            request = builder.BuildRequest(str(context), repository, ref.rsplit(":", 1)[1], str(layer_file))
+            argv = builder.build_argv(chosen, ref, request)
+            builder.check_completed(chosen, ref, builder.run_build(argv), pushing=False)
     if push:
-        images.check_completed(chosen, ref, images.run_build(images.push_argv(chosen, ref)), pushing=True)
+        builder.check_completed(chosen, ref, builder.run_build(builder.push_argv(chosen, ref)), pushing=True)
     return Layer(ref, selection.files, built=not present, notes=selection.notes())
 
 

@@ -194,9 +194,9 @@ def _find_git_dir(start: Path) -> Path | None:
 
 def context_files(context: str) -> list[str]:
     """Relative paths of the regular files and symlinks a build would send, sorted: what `<context>/.dockerignore`
-    keeps, by Docker's rules (orchestrator/ignorefile.py, a port of the matcher docker's client uses). The
+    keeps, by Docker's rules (orchestrator/imaging/ignorefile.py, a port of the matcher docker's client uses). The
     Dockerfile is hashed apart (context_tag), wherever it is."""
-    from orchestrator import ignorefile
+    from orchestrator.imaging import ignorefile
 
     path = Path(context) / ".dockerignore"
     try:
