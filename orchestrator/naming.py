@@ -40,6 +40,8 @@ ANNOTATION_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
 # second scheduler (coscheduling plugin).
 SCHEDULER_VOLCANO = "volcano"
 SCHEDULER_COSCHEDULING = "scheduler-plugins-scheduler"
+# The node label the kubelet sets to the node's host name: scheduling.exclude_nodes keeps pods off these.
+LABEL_HOSTNAME = "kubernetes.io/hostname"
 # The Prometheus operator's Prometheus selects PodMonitors by this label (kube-prometheus-stack: the Helm release).
 LABEL_PROMETHEUS_RELEASE = "release"
 

@@ -182,6 +182,9 @@ def _check_label_value(value: str) -> str:
 # Keys and values are validated one by one, so an error points at the entry's own line.
 LabelKey = Annotated[str, AfterValidator(_check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(_string_value), AfterValidator(_check_label_value)]
+NodeHostname = Annotated[str, Field(min_length=1), AfterValidator(_check_label_value)]
+"""A node's `kubernetes.io/hostname` label (the kubelet sets it from the host name: most clusters name their
+nodes so), as node affinity compares it."""
 EnvName = Annotated[str, AfterValidator(matching(ENV_NAME, "environment variable name"))]
 ImageRef = Annotated[
     str, AfterValidator(matching(IMAGE_REF, "image reference (e.g. ghcr.io/acme/trainer:1.0)"))

@@ -30,6 +30,7 @@ from orchestrator.job.fields import (
     LabelKey,
     LabelValue,
     Model,
+    NodeHostname,
     NonNegativeInt,
     PathStr,
     Port,
@@ -131,6 +132,9 @@ class Scheduling(Model):
     """All-or-nothing scheduling of the job's pods. None: on for jobs of more than one pod."""
     topology: Topology | None = None
     """Kueue topology-aware scheduling (needs `queue`)."""
+    exclude_nodes: list[NodeHostname] = []
+    """Nodes the pods must not run on (their kubernetes.io/hostname): a required node affinity NotIn, merged
+    into the job's own affinity. `orch submit --replace` adds the replaced job's suspected nodes."""
 
 
 class Restart(Model):

@@ -92,7 +92,8 @@ class Pod:
     scheduler_name: str | None
     node_selector: dict[str, str]
     tolerations: tuple[dict[str, Any], ...]
-    affinity: dict[str, Any] | None
+    affinity: dict[str, Any] | None  # the job's, with the node affinity that keeps off `excluded_nodes`
+    excluded_nodes: tuple[str, ...]  # scheduling.exclude_nodes (pod.template keeps pod_overrides to them)
     image_pull_secrets: tuple[str, ...]
     termination_grace_seconds: int | None  # None: Kubernetes' default (30 s)
     container: Container

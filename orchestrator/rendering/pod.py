@@ -47,6 +47,9 @@ def template(pod: Pod, layout: PodLayout) -> dict[str, Any]:
     if pod.overrides:
         overrides = portable_overrides(pod.overrides, layout.container, pod.main_containers)
         written["spec"] = merge_overrides(written["spec"], overrides)
+        if "affinity" in overrides and pod.excluded_nodes:  # an affinity of pod_overrides keeps off them too
+            spec = written["spec"]
+            spec["affinity"] = scheduling.excluding_nodes(spec.get("affinity"), pod.excluded_nodes)
     return written
 
 
@@ -87,7 +90,8 @@ def build(
         scheduler_name=spec.scheduling.scheduler,
         node_selector=dict(spec.node_selector),
         tolerations=tuple(_toleration(t) for t in spec.tolerations),
-        affinity=spec.affinity,
+        affinity=scheduling.excluding_nodes(spec.affinity, spec.scheduling.exclude_nodes),
+        excluded_nodes=tuple(spec.scheduling.exclude_nodes),
         image_pull_secrets=tuple(spec.image_pull_secrets),
         termination_grace_seconds=termination_grace_seconds(spec),
         container=container,

@@ -1,11 +1,14 @@
-"""Queues and gangs, as every job API reads them from the spec: Kueue's queue and labels, which scheduler
-gang-schedules the pods, Kueue's topology annotations. Each API module translates these into its own
-fields (PyTorchJob runPolicy.schedulingPolicy, TrainJob podGroupPolicy). Pure functions of the spec.
+"""Queues, gangs and nodes, as every job API reads them from the spec: Kueue's queue and labels, which
+scheduler gang-schedules the pods, Kueue's topology annotations, the nodes the pods keep off. Each API
+module translates these into its own fields (PyTorchJob runPolicy.schedulingPolicy, TrainJob
+podGroupPolicy); the node affinity goes into the one pod template (rendering/pod.py). Pure functions.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import naming
 
@@ -63,3 +66,29 @@ def volcano_queue_annotation(spec: JobSpec) -> dict[str, str]:
     if spec.scheduling.scheduler != naming.SCHEDULER_VOLCANO or not spec.scheduling.queue:
         return {}
     return {naming.ANNOTATION_VOLCANO_QUEUE: spec.scheduling.queue}
+
+
+def excluding_nodes(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """`affinity` (a pod's, as the Kubernetes API spells it) with a required node affinity that keeps the
+    pods off `nodes` (scheduling.exclude_nodes): `kubernetes.io/hostname NotIn nodes`. A node must match one
+    of the required nodeSelectorTerms, and every expression of that term (k8s.io/api core/v1 types.go,
+    NodeSelector), so the NotIn joins each term that has expressions or fields; without any, it is the one
+    term. An empty term matches no node and stays so; preferred terms and pod (anti-)affinity are kept.
+    Idempotent: a term that already holds this expression is left alone. `affinity` is not changed."""
+    if not nodes:
+        return affinity
+    expression = {"key": naming.LABEL_HOSTNAME, "operator": "NotIn", "values": list(dict.fromkeys(nodes))}
+    merged = copy.deepcopy(affinity) if affinity else {}
+    node_affinity = merged.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    joined = []
+    for term in required.get("nodeSelectorTerms") or []:
+        expressions = list(term.get("matchExpressions") or [])
+        if (expressions or term.get("matchFields")) and expression not in expressions:
+            term = {**term, "matchExpressions": [*expressions, expression]}
+        joined.append(term)
+    if not joined:
+        joined = [{"matchExpressions": [expression]}]
+    required = {**required, "nodeSelectorTerms": joined}
+    merged["nodeAffinity"] = {**node_affinity, "requiredDuringSchedulingIgnoredDuringExecution": required}
+    return merged

@@ -41,6 +41,11 @@ COMBINATIONS = {
     "restart: {policy: on-failure}\n",
     "restart-job": "restart: {policy: job, max_restarts: 5}\noutput: {pvc: checkpoints}\n",
     "no-gang": "scheduling: {gang: false}\nrestart: {policy: exit-code, backoff_limit: 2}\n",
+    # the nodes a replaced job suspected, merged into the job's own required node affinity (each term)
+    "exclude-nodes": "scheduling: {exclude_nodes: [gpu-node-7, gpu-node-9]}\naffinity:\n"
+    "  nodeAffinity:\n    requiredDuringSchedulingIgnoredDuringExecution:\n      nodeSelectorTerms:\n"
+    "        - matchExpressions: [{key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H100-80GB-HBM3]}]\n"
+    "        - matchExpressions: [{key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H200]}]\n",
 }
 
 
