@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import outputs
+from orchestrator import hardware, outputs
 
 RETRIES_EXHAUSTED = 3  # 1-127: the operator does not retry it, the job fails
 ENV_RETRY_LIMIT = "ORCH_RETRY_LIMIT"
@@ -157,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
     except ChildFailedError as error:
-        code = exit_code(error.failures)
+        record = classify(error.failures, exit_code(error.failures), Path(os.environ.get(outputs.ENV) or "."))
         # What torchrun's @record prints: each failed rank. (torch's elastic errors are untyped.)
         print(error.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
-        print(f"orch: a worker failed; exit code {code} ({_meaning(code)})", file=sys.stderr, flush=True)
+        code = record.exit_code
+        print(f"orch: a worker failed; exit code {code} ({record.exit_class})", file=sys.stderr, flush=True)
+        for suspect in record.suspects:
+            print(f"orch: suspected node: host {suspect.host} (node rank {suspect.node_rank}"
+                  f"{', ' + suspect.device if suspect.device else ''}): {suspect.reason}", file=sys.stderr)  # fmt: skip
+        hardware.write_record(record)
         return code
     except SignalException as error:
         code = SIGNAL_BASE + int(error.sigval)
@@ -170,12 +175,44 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"orch: stopped by {error.sigval.name}; exit code {code} (retryable)", file=sys.stderr, flush=True
         )
+        hardware.write_record(hardware.Record(code, hardware.CLASS_RETRYABLE))
         return code
     return 0
 
 
-def _meaning(code: int) -> str:
-    return "retryable" if code >= SIGNAL_BASE else "permanent"
+def classify(
+    failures: dict[int, Any], code: int, output_dir: Path, *, host: str | None = None
+) -> hardware.Record:
+    """The failure's class, its exit code and the nodes it points at ({rank: ProcessFailure}, `code`: the
+    cause's exit code, `host`: this pod's host name). Hardware, exit hardware.EXIT_CODE: a rank failed the
+    pre-flight check (its suspects are in OUT/preflight.json), or a rank's error says bad hardware
+    (hardware.signature: this pod's node, that rank's GPU). Otherwise retryable (>= 128) or permanent
+    (1-127)."""
+    if any(f.exitcode == hardware.EXIT_CODE for f in failures.values()):
+        verdict = outputs.read_json(output_dir / outputs.PREFLIGHT)
+        return hardware.Record(
+            hardware.EXIT_CODE, hardware.CLASS_HARDWARE, hardware.preflight_suspects(verdict)
+        )
+    suspects = []
+    for rank, failure in sorted(failures.items()):
+        text = str(getattr(failure, "message", "") or "")
+        if meaning := hardware.signature(text):
+            said = next((line for line in text.strip().splitlines() if line.strip()), "")[:200]
+            suspects.append(hardware.Suspect(
+                host=host or socket.gethostname(), node_rank=_node_rank(), reason=f"{meaning}: {said}", rank=rank,
+                device=f"cuda:{failure.local_rank}",
+            ))  # fmt: skip
+    if suspects:
+        return hardware.Record(hardware.EXIT_CODE, hardware.CLASS_HARDWARE, tuple(suspects))
+    return hardware.Record(
+        code, hardware.CLASS_RETRYABLE if code >= SIGNAL_BASE else hardware.CLASS_PERMANENT
+    )
+
+
+def _node_rank() -> int:
+    """This pod's node rank where the controller says it (a static rendezvous's PET_NODE_RANK), else -1."""
+    value = os.environ.get("PET_NODE_RANK", "")
+    return int(value) if value.isdigit() else -1
 
 
 if __name__ == "__main__":

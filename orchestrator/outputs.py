@@ -18,6 +18,7 @@ in the table below, with who writes it, and its writer and reader use the name.
       model.pt                the trainer (rank 0): the final weights, a plain state dict
       tracking.json           the trainer (rank 0): the run's MLflow/TensorBoard links, for `orch run`
       tensorboard/            the trainer (rank 0): TensorBoard's event files (tracking.tensorboard)
+      preflight.json          the trainer (every rank): the pre-flight check's verdict (train.preflight)
       .orch-starts/           a pod's launcher: how often each pod started (restart.policy: exit-code)
       objective.json          the trainer (rank 0), in an `orch sweep` trial: its objective at each value
       prune.request           orch sweep: created to stop the trial as pruned (the trainer's stop path)
@@ -55,6 +56,7 @@ STARTS = ".orch-starts"
 OBJECTIVE = "objective.json"
 PRUNE_REQUEST = "prune.request"
 CONSOLE = "console.log"
+PREFLIGHT = "preflight.json"
 
 # What `orch run` leaves in OUT: a folder holding one of these is a run's output, not the user's code.
 LOCAL_RUN_MARKERS = (RUN_RECORD, RUN_LOCK)

@@ -5,11 +5,13 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from orchestrator import hardware
 from orchestrator.storage import StorageError
 from orchestrator.trainer.compat import TorchTooOld
 from orchestrator.trainer.data import DataError
 from orchestrator.trainer.exits import exit_now
 from orchestrator.trainer.main import main
+from orchestrator.trainer.preflight import PreflightFailed
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
 try:
@@ -18,6 +20,9 @@ except (TorchTooOld, StorageError, DataError) as error:  # one line, not a trace
     # the store or the data
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(2)
+except PreflightFailed as error:  # one line naming the bad rank; the launcher reads OUT/preflight.json
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(hardware.EXIT_CODE)
 except BaseException as error:  # noqa: BLE001 (record() has written the error file; this only exits)
     # Leave now, without the interpreter's wait for non-daemon threads: an async checkpoint's save thread
     # (DCP's) may be blocked in a collective with ranks that are gone, which held a Ctrl-C'd rank ~30 s

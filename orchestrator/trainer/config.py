@@ -17,7 +17,15 @@ exporter's port and GPU sample period, the variable naming the MLflow server), w
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator.job.durations import parse_duration
 from orchestrator.job.fields import Duration, Model, NonNegativeInt, PathOrUrl, PositiveInt, show
@@ -95,6 +103,24 @@ class FsdpSpec(Model):
     (less memory, one more all-gather per unit); False keeps them until the backward."""
 
 
+def _preflight_switch(value: Any) -> Any:
+    """train.preflight: true / false is the switch; a mapping sets the rest too."""
+    return {"enabled": value} if isinstance(value, bool) else value
+
+
+class PreflightSpec(Model):
+    """The check every rank makes before step 0 (orchestrator/trainer/preflight.py, docs/trainer.md)."""
+
+    enabled: bool | None = None
+    """None: on when the trainer runs on GPUs (CUDA), off on CPU."""
+    max_slowdown: Annotated[float, Field(gt=1)] = 1.5
+    """A rank is far slower when a part of its timed work (a matmul; on GPUs also a host-to-device copy) takes
+    more than this many times the median of the other ranks' time for it."""
+    timeout: Annotated[Duration, Field(ge=1)] = 120
+    """How long the ranks wait for every rank's report (the barrier) and for the timed all-reduce: a rank
+    that is not there by then is named as bad."""
+
+
 class TrainSpec(Model):
     task: str = "digits"
     task_args: dict[str, Any] = {}
@@ -129,6 +155,19 @@ class TrainSpec(Model):
     collective_timeout: Duration = 600
     """How long a rank waits in a collective (for a peer that died or hangs) before it fails: long enough for
     rank 0 to write a checkpoint or evaluate while the others wait, short enough to notice a lost node."""
+    preflight: Annotated[PreflightSpec, BeforeValidator(_preflight_switch)] = Field(
+        default_factory=PreflightSpec
+    )
+    """true / false, or {enabled, max_slowdown, timeout}: check the GPUs and the ranks' speed before step 0."""
+
+    @model_serializer(mode="wrap")
+    def _without_default_preflight(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """train.json leaves preflight out while it is the default, so that a job not using it reads the same
+        to a trainer image from before the field existed (train.json's keys are checked: unknown is an error)."""
+        data = handler(self)
+        if isinstance(data, dict) and self.preflight == PreflightSpec():
+            data.pop("preflight", None)
+        return data
 
     @field_validator("task")
     @classmethod

@@ -71,6 +71,47 @@ class GpuReading:
     ecc_errors: dict[str, float] = field(default_factory=dict)  # {"corrected": n, "uncorrected": n}, volatile
 
 
+# The clock event reasons that mean the hardware holds the clocks down (a failing power supply or cooling, a
+# power brake from the board or system): on a GPU that is not even busy, a node to keep off (train.preflight).
+HARDWARE_SLOWDOWN = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+@dataclass
+class GpuHealth:
+    """What NVML says about a GPU's health (train.preflight). None: not supported or not reported."""
+
+    uncorrected_ecc: int | None = None  # volatile: since the driver loaded
+    retired_pages_pending: bool | None = (
+        None  # pages waiting to be retired, which takes a GPU reset (pre-Ampere)
+    )
+    remapped_rows_pending: bool | None = None  # a row remapping waiting for a GPU reset (Ampere and later)
+    remapping_failed: bool | None = None  # a row could not be remapped: the GPU needs replacing
+    clock_event_reasons: int | None = None  # bitmask of CLOCK_EVENT_REASONS, read after the timed work
+    sm_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+
+    def problems(self) -> list[str]:
+        """Why this GPU is bad, one phrase each; [] when nothing NVML reported is wrong."""
+        found = []
+        if self.uncorrected_ecc:
+            found.append(f"{self.uncorrected_ecc} uncorrected ECC error(s) since the driver loaded")
+        if self.retired_pages_pending:
+            found.append("memory pages wait to be retired (the GPU needs a reset)")
+        if self.remapped_rows_pending:
+            found.append("a memory row remapping waits for a GPU reset")
+        if self.remapping_failed:
+            found.append("a memory row could not be remapped (the GPU needs replacing)")
+        held = [r for r in HARDWARE_SLOWDOWN if (self.clock_event_reasons or 0) & CLOCK_EVENT_REASONS[r]]
+        if held:
+            clocks = (
+                f" (SM {self.sm_clock_hertz / 1e6:.0f} of {self.sm_clock_max_hertz / 1e6:.0f} MHz)"
+                if self.sm_clock_hertz and self.sm_clock_max_hertz
+                else ""
+            )
+            found.append(f"clocks held down by {', '.join(held)}{clocks}")
+        return found
+
+
 class GpuReader(Protocol):
     """Where GPU readings come from: NVML in real life, a fake in tests."""
 
@@ -183,6 +224,45 @@ class NvmlReader:
                 reading.ecc_errors[kind] = float(count)
         return reading
 
+    def health(self, device: GpuDevice) -> GpuHealth:
+        """ECC, page retirement, row remapping and clock events of one GPU; what it does not support is None."""
+        nvml, h = self._nvml, self._handle(device)
+        health = GpuHealth()
+        uncorrected = self._try(
+            device, "ecc_uncorrected",
+            functools.partial(self._ecc_errors, h, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+        )  # fmt: skip
+        health.uncorrected_ecc = None if uncorrected is None else int(uncorrected)
+        pending = self._try(device, "retired_pending", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(h))
+        health.retired_pages_pending = None if pending is None else pending == nvml.NVML_FEATURE_ENABLED
+        # (corrected rows, uncorrected rows, remapping pending, remapping failed)
+        rows = self._try(device, "remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(h))
+        if rows is not None:
+            health.remapped_rows_pending, health.remapping_failed = bool(rows[2]), bool(rows[3])
+        health.clock_event_reasons = self._try(
+            device, "clock_events", lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+        )
+        health.sm_clock_hertz = _scaled(
+            self._try(device, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)), 1e6
+        )
+        health.sm_clock_max_hertz = _scaled(
+            self._try(device, "sm_clock_max", lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM)),
+            1e6,
+        )
+        return health
+
+    def watch_xid(self, device: GpuDevice) -> XidWatch | None:
+        """Xid critical errors of `device` from now on (NVML reports only events after it is asked to); None
+        where the GPU or driver cannot report them (MIG instances, some boards)."""
+        nvml = self._nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            nvml.nvmlDeviceRegisterEvents(self._handle(device), nvml.nvmlEventTypeXidCriticalError, events)
+        except (AttributeError, nvml.NVMLError) as error:
+            log.debug("NVML Xid events of %s: not reported (%s)", device.uuid, error)
+            return None
+        return XidWatch(nvml, events)
+
     def _ecc_errors(self, handle: object, error_type: str) -> int:
         nvml = self._nvml
         return nvml.nvmlDeviceGetTotalEccErrors(handle, getattr(nvml, error_type), nvml.NVML_VOLATILE_ECC)
@@ -197,6 +277,27 @@ class NvmlReader:
     def close(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
+
+
+class XidWatch:
+    """The Xid errors NVML reported since `NvmlReader.watch_xid` (NVIDIA's Xid catalog says what each means)."""
+
+    def __init__(self, nvml: ModuleType, events: object) -> None:
+        self._nvml, self._events = nvml, events
+
+    def seen(self) -> list[int]:
+        """The Xids reported since the last call, oldest first, without waiting."""
+        found: list[int] = []
+        while True:
+            try:
+                event = self._nvml.nvmlEventSetWait_v2(self._events, 0)
+            except self._nvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing (more) to read
+                return found
+            found.append(int(event.eventData))
+
+    def close(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlEventSetFree(self._events)
 
 
 def _scaled(value: float | int | None, factor: float) -> float | None:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (CUDA docs)
 
-    from orchestrator.trainer import compat, dist, metrics, report, stop, tracking
+    from orchestrator.trainer import compat, dist, metrics, preflight, report, stop, tracking
 
     torch_version = compat.check_torch()  # one line and exit, before anything else, on a torch too old
 
@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         enabled=world.is_main, lines=runtime.log_lines, events_file=runtime.progress_file
     )
     reporter.say(f"torch {torch_version}: {world.num_nodes} node(s) x {world.local_world_size} process(es)")
+    # --- pre-flight check (train.preflight): a bad or far slower rank stops the job here, named -----------
+    preflight.run(cfg.preflight, world, output_dir=Path(runtime.output_dir), say=reporter.say)
     meter = metrics.build_metrics(
         runtime,
         rank=world.rank,
