@@ -46,6 +46,7 @@ __all__ = [
     "LocalRun",
     "Submitted",
     "WaitTimeout",
+    "avoid_nodes",
     "build_image",
     "load_job",
     "load_sweep",
@@ -117,6 +118,38 @@ def render(job: JobSpec, *, api: str | None = None, name: str | None = None) -> 
         _job_name("render", name)
 
     return rendering.render(job, api=api, name=name)
+
+
+def avoid_nodes(job: JobSpec, nodes: Sequence[str], *, why: str = "") -> tuple[JobSpec, str | None]:
+    """`job` kept off `nodes` as well (its scheduling.exclude_nodes, extended in order) and the one line
+    that says which were added (None: none was new). What `Client.submit(replace=True)` does with the
+    replaced job's suspected nodes (`Client.suspected_nodes`), and a sweep with a failed trial's. A name no
+    kubernetes.io/hostname label can hold is left out, and the line says so. `why` ends the line."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from orchestrator.job.fields import NodeHostname
+
+    _expect_job("avoid_nodes", job)
+    _expect_strings("avoid_nodes", "nodes", nodes)
+    hostname: TypeAdapter[str] = TypeAdapter(NodeHostname)
+    current = list(job.scheduling.exclude_nodes)
+    added, unusable = [], []
+    for node in dict.fromkeys(nodes):
+        if node in current:
+            continue
+        try:
+            added.append(hostname.validate_python(node))
+        except ValidationError:
+            unusable.append(node)
+    if not added and not unusable:
+        return job, None
+    scheduling = job.scheduling.model_copy(update={"exclude_nodes": [*current, *added]})
+    line = (
+        f"scheduling.exclude_nodes: + {', '.join(added)}" if added else "scheduling.exclude_nodes: unchanged"
+    )
+    if unusable:
+        line += f" (left out, not a hostname label: {', '.join(unusable)})"
+    return job.model_copy(update={"scheduling": scheduling}), line + (f" {why}" if why else "")
 
 
 # --- run on this machine --------------------------------------------------------------------------------------
@@ -314,7 +347,8 @@ class Client:
         """Create `job` on the cluster: its job object (`api`, else the job's `api:`; auto asks the cluster
         which API it serves) and what it owns; all or nothing (a failed or interrupted create deletes what
         was created). Everything is checked before anything is built or sent, and the job is rendered once,
-        with the image `build` pushed. `replace` deletes a job of that name first. dry_run "client" contacts
+        with the image `build` pushed. `replace` deletes a job of that name first, and keeps the new one off
+        the nodes the old one suspected (`avoid_nodes`; `notice` hears which). dry_run "client" contacts
         nothing (auto: the first registered API) and returns the objects; "server" lets the API server check
         them without storing anything. `notice` hears progress (the API chosen, a build), `warn` what the
         cluster lacks (a PodMonitor CRD); what the job itself risks is in the result's `warnings`."""
@@ -339,6 +373,8 @@ class Client:
                 notice(f"api: {job_api.key} ({why})")
             if job_api.key != chosen:
                 chosen = rendering.check(job, api=job_api.key)
+            if replace:
+                job = self._avoid_suspected_nodes(target_cluster, job, notice)
         if build is not None:
             if dry_run != "client":  # a refusal (API not served, the name taken) costs no multi-GB build
                 cluster.preflight(target_cluster, apis.by_key(chosen), job.name, replace=replace)
@@ -364,6 +400,29 @@ class Client:
             deleted=list(result.deleted),
             warnings=warnings,
         )
+
+    def suspected_nodes(self, name: str) -> list[str]:
+        """The nodes job `name`'s hardware failures point at (a failed pre-flight check, a CUDA error only
+        bad hardware raises), as `orch status` lists them: what `avoid_nodes` takes."""
+        from orchestrator import cluster
+
+        _job_name("Client.suspected_nodes", name)
+        found = cluster.suspected_nodes(self.cluster(lean=True), name)
+        return list(dict.fromkeys(s.node for s in found if s.node))
+
+    def _avoid_suspected_nodes(self, target_cluster: Cluster, job: JobSpec, notice: Callback) -> JobSpec:
+        """`submit(replace=True)`: the job to be replaced's suspected nodes join the new one's exclude list."""
+        from orchestrator import cluster
+
+        try:
+            found = cluster.suspected_nodes(target_cluster, job.name)
+        except cluster.NotFound:
+            return job  # nothing to replace
+        nodes = list(dict.fromkeys(s.node for s in found if s.node))
+        job, line = avoid_nodes(job, nodes, why=f"(suspected by the replaced job: orch status {job.name})")
+        if line:
+            notice(line)
+        return job
 
     def status(self, name: str) -> JobStatus:
         """The job's phase, replicas, pods and recent warnings (`orch status`), and the rank every other one

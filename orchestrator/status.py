@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
+from orchestrator import hardware, naming
 from orchestrator.kube import read
 from orchestrator.rendering import tracking_record
 
@@ -68,6 +68,21 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class SuspectedNode:
+    """A node a hardware failure of the job points at: a rank that failed the pre-flight check or died of a
+    CUDA error only bad hardware raises, as a pod's launcher recorded it in its termination message
+    (orchestrator/hardware.py; docs/cluster.md, "Suspected nodes")."""
+
+    node: str  # the Kubernetes node: spec.nodeName of the rank's pod; "" when no pod of the job shows it
+    pod: str  # the rank's pod, "" when not found
+    rank: int  # -1: not known
+    node_rank: int
+    gpu: str  # "cuda:1 GPU-..." where known
+    reason: str
+    reported_by: str  # the pod whose termination message says so
+
+
+@dataclass(frozen=True)
 class JobStatus:
     name: str
     namespace: str
@@ -90,10 +105,16 @@ class JobStatus:
         default_factory=dict
     )  # what its queue says (kueue_waiting, podgroup_waiting)
     straggler: Straggler | None = None  # where Prometheus is configured and one rank holds the others
+    suspected_nodes: list[SuspectedNode] = field(default_factory=list)  # what its hardware failures point at
 
     @property
     def finished(self) -> bool:
         return self.phase in FINISHED
+
+    @property
+    def suspected_node_names(self) -> list[str]:
+        """The Kubernetes nodes to keep the job off (scheduling.exclude_nodes), each once, in order."""
+        return list(dict.fromkeys(s.node for s in self.suspected_nodes if s.node))
 
     def to_dict(self) -> dict[str, Any]:
         """As `orch status -o json` prints it: `straggler` only when there is one."""
@@ -143,7 +164,58 @@ def job_status(
         tracking=tracking_record.describe(read.dig(job, "metadata", "annotations")),
         output_url=read.text(read.dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
         waiting=waiting or {},
+        suspected_nodes=suspected_nodes(api, job, pods),
     )
+
+
+# --- suspected nodes: what the pods' launchers recorded (orchestrator/hardware.py) ---------------------------
+
+
+def suspected_nodes(api: JobAPI, job: Any, pods: Sequence[Any]) -> list[SuspectedNode]:
+    """The suspects in the termination messages of the job's pods (the training container's current and
+    last state), each resolved to its pod and node: the recording pod itself when the suspect is its own
+    host, else a pod of that host name (one that recorded a failure too, first: the Job controller keeps a
+    failed pod beside its replacement of the same host name), else the pod of that node rank."""
+    pods = [p for p in pods if isinstance(p, dict)]
+    recorded: list[tuple[dict[str, Any], hardware.Record]] = []
+    for each in pods:
+        container = read.container_status(each, api.container)
+        for state in ("state", "lastState"):
+            record = hardware.read_record(read.dig(container, state, "terminated", "message"))
+            if record is not None:
+                recorded.append((each, record))
+    failed = {id(each) for each, _ in recorded}
+    by_rank = {api.node_rank(job, *api.pod_role(p)): p for p in pods}
+    found: dict[tuple[str, int, str], SuspectedNode] = {}
+    for reporter, record in recorded:
+        for suspect in record.suspects:
+            if suspect.host in _hosts(reporter):
+                pod: dict[str, Any] | None = reporter
+            else:
+                named = sorted(
+                    (p for p in pods if suspect.host in _hosts(p)), key=lambda p: id(p) not in failed
+                )
+                pod = (
+                    named[0] if named else by_rank.get(suspect.node_rank) if suspect.node_rank >= 0 else None
+                )
+            node = read.text(read.dig(pod, "spec", "nodeName")) if pod is not None else ""
+            key = (node or f"host {suspect.host}", suspect.rank, suspect.device)
+            found.setdefault(key, SuspectedNode(
+                node=node,
+                pod=read.text(read.dig(pod, "metadata", "name")) if pod is not None else "",
+                rank=suspect.rank,
+                node_rank=suspect.node_rank,
+                gpu=" ".join(part for part in (suspect.device, suspect.gpu_uuid) if part),
+                reason=suspect.reason,
+                reported_by=read.text(read.dig(reporter, "metadata", "name")),
+            ))  # fmt: skip
+    return sorted(found.values(), key=lambda s: (s.node_rank, s.rank, s.node))
+
+
+def _hosts(pod: Any) -> set[str]:
+    """The host names a pod's processes see: its spec.hostname (JobSet's pods), else its name."""
+    return {name for name in (read.text(read.dig(pod, "spec", "hostname")),
+                              read.text(read.dig(pod, "metadata", "name"))) if name}  # fmt: skip
 
 
 # --- why a job waits: its queue (Kueue) or gang scheduler (Volcano) ----------------------------------------

@@ -34,7 +34,15 @@ from orchestrator.cluster.errors import (
     OperatorNotInstalled,
     Unauthorized,
 )
-from orchestrator.cluster.jobs import Job, delete_job, job_status, list_jobs, locate, wait_for
+from orchestrator.cluster.jobs import (
+    Job,
+    delete_job,
+    job_status,
+    list_jobs,
+    locate,
+    suspected_nodes,
+    wait_for,
+)
 from orchestrator.cluster.logs import LogFollower, stream_logs
 from orchestrator.cluster.objects import (
     Submission,
@@ -73,6 +81,7 @@ __all__ = [
     "preflight",
     "prepare",
     "submittable",
+    "suspected_nodes",
     "resolve_namespace",
     "signals_interrupt",
     "stream_logs",

@@ -94,6 +94,13 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     return status.job_status(job.api, job.obj, pods, events, waiting=waiting)
 
 
+def suspected_nodes(cluster: Cluster, name: str) -> list[status.SuspectedNode]:
+    """What the hardware failures of job `name` point at, from its pods' termination messages (two
+    requests: the job, its pods; `job_status` reads events and queues too)."""
+    job = locate(cluster, name)
+    return status.suspected_nodes(job.api, job.obj, job_pods(cluster, job))
+
+
 def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[str, Any]:
     """What the job's queue or gang scheduler says about it: Kueue's Workload (found by the label
     kueue.x-k8s.io/job-uid Kueue puts on it, pkg/controller/constants) and LocalQueue for a job with a queue

@@ -62,6 +62,14 @@ def format_status(status: JobStatus) -> str:
         lines += ["  " + line for line in table(rows).splitlines()]
     else:
         lines.append("  (none yet)")
+    if status.suspected_nodes:
+        lines += ["", "Suspected nodes (hardware; `orch submit --replace` keeps the next job off them):"]
+        rows = [["NODE", "POD", "RANK", "GPU", "WHY"]]
+        rows += [
+            [s.node or "?", s.pod or "-", str(s.rank) if s.rank >= 0 else "-", s.gpu or "-", s.reason]
+            for s in status.suspected_nodes
+        ]
+        lines += ["  " + line for line in table(rows).splitlines()]
     if status.events:
         lines += ["", "Warning events:"]
         rows = [["TIME", "OBJECT", "REASON", "MESSAGE"]]
