@@ -116,7 +116,12 @@ def _note(message: str) -> None:
     help=f"Which job API to submit to: {registry.described()} [default: the job file's `api`, else "
     f"{registry.AUTO}: the first of {', '.join(registry.KEYS)} that the cluster serves].",
 )
-@click.option("--replace", is_flag=True, help="If a job of this name exists, delete it (and wait) first.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="If a job of this name exists, delete it (and wait) first; the new job keeps off the nodes the old "
+    "one's hardware failures point at (scheduling.exclude_nodes, said in one line).",
+)
 @click.option(
     "--wait", "wait_", is_flag=True, help="Block until the job ends; exit 0 if it succeeded, 1 if not."
 )
@@ -212,7 +217,8 @@ def submit(
 def status(
     name: str, kubeconfig: str | None, context: str | None, namespace: str | None, output: str
 ) -> None:
-    """Show a job's phase, replicas, pods (node, restarts, last termination) and recent warnings.
+    """Show a job's phase, replicas, pods (node, restarts, last termination), recent warnings, and the nodes
+    its hardware failures point at (a failed pre-flight check, a CUDA error only bad hardware raises).
 
     The phase is the most significant condition that is True: Failed > Succeeded > Suspended >
     Restarting > Running > Created, and Pending before the operator has seen the job.
