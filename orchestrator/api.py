@@ -418,6 +418,9 @@ class Client:
             found = cluster.suspected_nodes(target_cluster, job.name)
         except cluster.NotFound:
             return job  # nothing to replace
+        except cluster.Forbidden as error:  # a Role that may replace the job but not list its pods
+            notice(f"the replaced job's suspected nodes are not carried over: {error}")
+            return job
         nodes = list(dict.fromkeys(s.node for s in found if s.node))
         job, line = avoid_nodes(job, nodes, why=f"(suspected by the replaced job: orch status {job.name})")
         if line:

@@ -52,7 +52,8 @@ SIGNATURES = (
     (re.compile(r"hardware stack error", re.I), "GPU hardware stack error"),
     (re.compile(r"system not yet initialized", re.I), "the GPU fabric is not up (NVIDIA fabric manager)"),
 )
-XID = re.compile(r"\bXid\b(?: \(PCI:[0-9A-Fa-f:.]+\))?:? *(\d{1,3})\b")  # "Xid 79", "Xid (PCI:0000:3b:00): 79"
+# "Xid 79", "Xid: 79", the kernel's "NVRM: Xid (PCI:0000:3b:00): 79, pid=..."
+XID = re.compile(r"\bXid\b(?: \(PCI:[0-9A-Fa-f:.]+\))?:? *(\d{1,3})\b")
 
 
 @dataclass(frozen=True)
