@@ -119,6 +119,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.errors",
             "orchestrator.redaction",
             "orchestrator.outputs",
+            "orchestrator.hardware",  # hardware failures: exit code, signatures, the pod's record (stdlib)
             "orchestrator.storage",
             "orchestrator.kube",
             "orchestrator.apis.registry",
