@@ -335,3 +335,211 @@ def upload(local: Path, remote: Any) -> None:
             remote.fs.put_file(str(file), (remote / file.relative_to(local).as_posix()).path)
     elif local.is_file():
         remote.fs.put_file(str(local), remote.path)
+
+
+# --- one run per prefix: a lease ------------------------------------------------------------------------------
+
+LEASE_SECONDS = "ORCH_STORAGE_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 30.0
+"""How long a lease outlives its holder's last renewal (renewed every third of it): a run killed on another
+machine is taken over after this long unchanged."""
+
+
+class LeaseHeld(StorageError):
+    """Another run holds the lease; the message names it."""
+
+
+def holder_identity() -> dict[str, Any]:
+    """Who holds a lease: the job, the host, the process, and where a pid means something (the kernel's
+    boot id and the pid namespace, Linux's; elsewhere empty), so that a lease left by a dead process of this
+    machine is known dead at once, and a live one refused at once."""
+    import socket
+
+    me: dict[str, Any] = {"job": os.environ.get("ORCH_JOB_NAME", ""), "host": socket.gethostname(),
+                          "pid": os.getpid(), "machine": _machine(), "started": _started(os.getpid())}  # fmt: skip
+    return me
+
+
+def _machine() -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str:
+    """A process's start time in clock ticks since boot (/proc/PID/stat's 22nd field): a pid reused by another
+    process has another. Empty where there is no /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive_here(holder: dict[str, Any]) -> bool | None:
+    """True/False when `holder` was a process of this machine (same boot, same pid namespace), None when
+    that cannot be told from here (another machine, or no /proc)."""
+    if (
+        not holder.get("machine")
+        or holder.get("machine") != _machine()
+        or not isinstance(holder.get("pid"), int)
+    ):
+        return None
+    return bool(_started(holder["pid"])) and _started(holder["pid"]) == holder.get("started")
+
+
+def _lease_seconds() -> float:
+    try:
+        seconds = float(os.environ.get(LEASE_SECONDS) or DEFAULT_LEASE_SECONDS)
+    except ValueError:
+        return DEFAULT_LEASE_SECONDS
+    return seconds if seconds > 0 else DEFAULT_LEASE_SECONDS
+
+
+class Lease:
+    """One run's hold on an object-store prefix, where there is no flock: the object `url` holds the holder's
+    identity. Taken with a conditional PUT that succeeds only if the object is absent (If-None-Match), renewed
+    by a thread every third of the lease with one that succeeds only if it is still ours (If-Match: its
+    ETag), deleted at release. Two runs never both hold it: a run killed without releasing stops renewing,
+    and its lease is taken over (conditionally on the ETag seen) once it has stayed unchanged for a whole
+    lease, as observed here (no clocks compared); a dead process of this machine is known at once. A renewal
+    that finds the lease taken (this run was presumed dead: stalled past the lease, cut off from the store)
+    sets `lost`, which the holder checks before it writes.
+    A store without conditional writes cannot keep two runs apart: `acquire` says so, returns False and
+    the run goes on without a lease."""
+
+    def __init__(self, url: str, *, lease_seconds: float | None = None) -> None:
+        self.url = url
+        self.seconds = lease_seconds or _lease_seconds()
+        self.store, self.key = object_store(url)
+        self.me = holder_identity()
+        self.etag: str | None = None
+        self.lost: str | None = None
+        self._renewer: Any = None
+        import threading
+
+        self._stop = threading.Event()
+
+    def _body(self) -> bytes:
+        import json
+
+        return (
+            json.dumps({**self.me, "lease_seconds": self.seconds, "renewed": time.time()}) + "\n"
+        ).encode()
+
+    def _read(self) -> tuple[str | None, dict[str, Any]] | None:
+        """(ETag, holder) of the lease object; None when there is none."""
+        import json
+
+        import obstore
+
+        try:
+            got = obstore.get(self.store, self.key)
+            body = bytes(got.bytes())
+        except FileNotFoundError:
+            return None
+        try:
+            holder = json.loads(body)
+        except ValueError:
+            holder = {}
+        return got.meta.get("e_tag"), holder if isinstance(holder, dict) else {}
+
+    def acquire(self, *, wait_seconds: float | None = None, say: Any = None) -> bool:
+        """Take the lease, waiting up to `wait_seconds` (default 1.5 leases: long enough to see a dead
+        holder's lease run out) for one another machine holds; LeaseHeld names a live holder. True once
+        held; False for a store that cannot do conditional writes (nothing held)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        wait = wait_seconds if wait_seconds is not None else 1.5 * self.seconds
+        deadline = time.monotonic() + wait
+        seen: tuple[str | None, float] | None = None  # the holder's ETag and when it was first seen so
+        told = False
+        while True:
+            try:
+                self.etag = obstore.put(self.store, self.key, self._body(), mode="create")["e_tag"]
+                break
+            except AlreadyExistsError:
+                pass
+            except NotImplementedError:
+                if say:
+                    say(f"warning: {self.url}: the store does not do conditional writes, so a second run on "
+                        "this prefix is not kept out: one run at a time is yours to keep")  # fmt: skip
+                return False
+            found = self._read()
+            if found is None:
+                continue  # released in between: try again
+            etag, holder = found
+            alive = _alive_here(holder)
+            now = time.monotonic()
+            if seen is None or seen[0] != etag:
+                seen = (etag, now)
+            stale = alive is False or (alive is None and now - seen[1] >= self.seconds)
+            if stale and etag is not None:
+                try:
+                    self.etag = obstore.put(self.store, self.key, self._body(), mode={"e_tag": etag})["e_tag"]
+                    break
+                except (PreconditionError, FileNotFoundError):
+                    continue  # another run took it over first, or it was released: look again
+            if alive is True or now >= deadline:
+                who = ", ".join(f"{key} {holder[key]}" for key in ("job", "host", "pid") if holder.get(key))
+                raise LeaseHeld(
+                    f"{self.url} is held by another run ({who or 'unknown'}), renewed within the last "
+                    f"{self.seconds:g} s: one run at a time per prefix; wait for it to finish, or give this run "
+                    "its own prefix"
+                )
+            if say and not told:
+                told = True
+                say(f"waiting up to {wait:g} s for {self.url}, held by "
+                    f"{holder.get('host', 'unknown')} pid {holder.get('pid', '?')}: taken over if it is not "
+                    "renewed in that time (a run that was killed)")  # fmt: skip
+            time.sleep(min(1.0, self.seconds / 10))
+        self._start_renewing()
+        return True
+
+    def _start_renewing(self) -> None:
+        import threading
+
+        self._renewer = threading.Thread(target=self._renew, name="orch-lease", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        import obstore
+        from obstore.exceptions import PreconditionError
+
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                self.etag = obstore.put(self.store, self.key, self._body(), mode={"e_tag": self.etag})[
+                    "e_tag"
+                ]
+            except (PreconditionError, FileNotFoundError):
+                found = self._read()
+                holder = found[1] if found else {}
+                who = ", ".join(f"{key} {holder[key]}" for key in ("job", "host", "pid") if holder.get(key))
+                self.lost = (
+                    f"{self.url} was taken over by another run ({who or 'unknown'}) while this one could not "
+                    f"renew it for {self.seconds:g} s: this run stops writing there"
+                )
+                return
+            except Exception:  # noqa: BLE001 (the store is down: the next renewal tries again)
+                continue
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease object if it is still ours. A store that fails now leaves it to
+        run out (the next run waits a lease at most): a run that ended well does not fail for it."""
+        import obstore
+
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        if self.etag is None or self.lost:
+            return
+        try:
+            found = self._read()
+            if found is not None and found[0] == self.etag:  # (S3 has no conditional delete)
+                obstore.delete(self.store, self.key)
+        except Exception:  # noqa: BLE001, S110 (see above)
+            pass
+        self.etag = None

@@ -388,3 +388,108 @@ def test_a_pod_whose_store_cannot_be_written_stops_at_start_in_one_line(s3, tmp_
         "error: cannot write to s3://no-such-bucket/run: the bucket does not exist"
     )
     assert "Traceback" not in result.stderr
+
+
+# --- one run per prefix: the lease (#33) ------------------------------------------------------------------------
+
+LEASE_URL = "s3://bkt/run/.checkpoints.orch-lock"
+
+
+def test_a_second_run_on_a_prefix_is_refused_at_once_naming_the_first_and_takes_it_once_released(s3):
+    first = storage.Lease(LEASE_URL, lease_seconds=60)
+    assert first.acquire()
+    second = storage.Lease(LEASE_URL, lease_seconds=60)
+    started = time.monotonic()
+    with pytest.raises(storage.LeaseHeld) as caught:
+        second.acquire()  # a live process of this machine holds it: no waiting
+    assert time.monotonic() - started < 10
+    assert str(caught.value) == (
+        f"{LEASE_URL} is held by another run (host {first.me['host']}, pid {os.getpid()}), renewed within the last "
+        "60 s: one run at a time per prefix; wait for it to finish, or give this run its own prefix"
+    )
+    first.release()
+    assert names("s3://bkt/run") == []  # released: the object is gone
+    assert second.acquire()
+    second.release()
+
+
+def write_holder(url: str, holder: dict) -> str:
+    """The lease object as another machine's run writes it; its ETag."""
+    import obstore
+
+    store, key = storage.object_store(url)
+    return obstore.put(store, key, json.dumps(holder).encode())["e_tag"]
+
+
+def test_a_lease_from_another_machine_is_taken_over_only_once_it_stops_being_renewed(s3):
+    """A run on another machine: renewed, it keeps the prefix (the newcomer waits 1.5 leases, then is refused);
+    no longer renewed (its node died), the newcomer takes it over after one lease, saying it waits. A holder
+    whose lease was taken over (it could not renew in time) learns it at its next renewal."""
+    import threading
+
+    other = {
+        "job": "other-job",
+        "host": "node-7",
+        "pid": 12,
+        "machine": "another-boot/pid:[1]",
+        "started": "5",
+    }
+    write_holder(LEASE_URL, other)
+    renewing = threading.Event()
+
+    def renew():
+        while not renewing.wait(0.2):
+            write_holder(LEASE_URL, {**other, "renewed": time.time()})
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    newcomer, said = storage.Lease(LEASE_URL, lease_seconds=1), []
+    with pytest.raises(storage.LeaseHeld) as caught:
+        newcomer.acquire(say=said.append)
+    renewing.set()
+    renewer.join()
+    assert str(caught.value).startswith(
+        f"{LEASE_URL} is held by another run (job other-job, host node-7, pid 12)"
+    )
+    started = time.monotonic()
+    said.clear()
+    assert newcomer.acquire(say=said.append)  # the holder stopped renewing: after a lease unchanged, taken
+    assert time.monotonic() - started >= 1
+    assert said == [f"waiting up to 1.5 s for {LEASE_URL}, held by node-7 pid 12: taken over if it is not renewed "
+                    "in that time (a run that was killed)"]  # fmt: skip
+    # the old holder comes back and writes its lease again: the newcomer's next renewal sees another run
+    write_holder(LEASE_URL, other)
+    deadline = time.monotonic() + 10
+    while newcomer.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert newcomer.lost == (
+        f"{LEASE_URL} was taken over by another run (job other-job, host node-7, pid 12) while this one could not "
+        "renew it for 1 s: this run stops writing there"
+    )
+    newcomer.release()
+    assert json.loads(storage.location(LEASE_URL).read_bytes())["host"] == "node-7"  # not deleted: not ours
+
+
+HOLD_SCRIPT = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from orchestrator import storage
+assert storage.Lease({url!r}, lease_seconds=60).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_of_a_process_killed_on_this_machine_is_taken_over_at_once(s3):
+    """kill -9 leaves the lease object behind; its holder's pid is gone (or is another process now), which
+    this machine can tell at once: no waiting for the lease to run out."""
+    script = HOLD_SCRIPT.format(repo=str(REPO_ROOT), url=LEASE_URL)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    started = time.monotonic()
+    lease = storage.Lease(LEASE_URL, lease_seconds=60)
+    assert lease.acquire(say=pytest.fail)  # nothing to wait for, nothing said
+    assert time.monotonic() - started < 10
+    lease.release()
