@@ -101,15 +101,17 @@ def plan(
 
 
 def check_store(local: LocalPlan) -> None:
-    """Before any process starts: the object store can be written to with the job's environment, or one
-    line and exit 2 (a missing bucket, bad credentials, an endpoint that does not answer)."""
-    if local.output_url is None:
-        return
+    """Before any process starts: the object stores of output.url (or --out) and of a train.checkpoint.dir
+    URL can be written to with the job's environment, or one line and exit 2 (a missing bucket, bad
+    credentials, an endpoint that does not answer)."""
+    checkpoint_dir = local.train.checkpoint.dir if local.train is not None else None
+    stores = [url for url in (local.output_url, checkpoint_dir) if url and storage.is_url(url)]
     with environment(local.env):
-        try:
-            storage.check_writable(local.output_url)
-        except storage.StorageError as error:
-            raise UsageError(str(error)) from None
+        for url in stores:
+            try:
+                storage.check_writable(url)
+            except storage.StorageError as error:
+                raise UsageError(str(error)) from None
 
 
 def restart_budget(spec: JobSpec) -> tuple[str, int]:

@@ -334,6 +334,11 @@ def test_orch_run_refuses_an_unusable_store_in_one_line_before_starting(s3, tmp_
     assert (missing.returncode, missing.stderr) == (
         2, "error: cannot write to s3://no-such-bucket/run: the bucket does not exist\n"
     )  # fmt: skip
+    # #33: a train.checkpoint.dir URL is checked as well (it was not: the ranks found out, after starting)
+    checkpoints = run_orch("run", job, "--set", "train.checkpoint.dir=s3://no-such-bucket/ckpt", cwd=tmp_path)
+    assert (checkpoints.returncode, checkpoints.stderr) == (
+        2, "error: cannot write to s3://no-such-bucket/ckpt: the bucket does not exist\n"
+    )  # fmt: skip
     unsupported = run_orch("run", job, "--out", "ftp://host/run", cwd=tmp_path)
     assert (unsupported.returncode, unsupported.stderr) == (
         2, "error: --out ftp://host/run: scheme ftp:// is not supported (supported: s3://, gs://, az://)\n"
