@@ -24,6 +24,7 @@ from torch import nn
 
 from orchestrator import storage
 from orchestrator.trainer import checkpoint, parallel
+from orchestrator.trainer.checkpoint import files as checkpoint_files
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -358,13 +359,13 @@ def _save_recording_what_each_rank_hashes(
 ) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     hashed: list[str] = []
-    real = checkpoint.file_digest
+    real = checkpoint_files.file_digest
 
     def recording(stream):  # the one place checkpoint content is hashed: a local file or an fsspec file
         hashed.append(str(getattr(stream, "path", None) or stream.name).rsplit("/", 1)[-1])
         return real(stream)
 
-    checkpoint.file_digest = recording
+    checkpoint_files.file_digest = recording  # where the checkpoint's files are hashed
     torch.manual_seed(0)  # the same model on both ranks; DCP spreads the replicated tensors over them
     module = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
