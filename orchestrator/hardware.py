@@ -97,11 +97,15 @@ def preflight_suspects(verdict: dict[str, Any]) -> tuple[Suspect, ...]:
 
 def write_record(record: Record, path: str | Path | None = None) -> bool:
     """The record as this container's termination message, cut to what the kubelet keeps; False (nothing
-    written) outside Kubernetes, where no termination-message file is mounted."""
+    written) outside Kubernetes, where no termination-message file is mounted, or where it cannot be written
+    (the exit code still says the class)."""
     target = Path(path or os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG)
     if not target.exists():
         return False
-    target.write_text(encode(record), encoding="utf-8")
+    try:
+        target.write_text(encode(record), encoding="utf-8")
+    except OSError:
+        return False
     return True
 
 
