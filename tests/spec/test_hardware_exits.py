@@ -91,6 +91,8 @@ def test_the_record_fits_the_kubelets_4096_bytes_and_reads_back(tmp_path):
 
     log = tmp_path / "termination-log"
     assert not hardware.write_record(record, log)  # not mounted: outside Kubernetes nothing is written
+    (tmp_path / "unwritable").mkdir()  # a path that exists and cannot be written (as root too)
+    assert not hardware.write_record(record, tmp_path / "unwritable")  # no traceback at the pod's exit
     log.touch()
     assert hardware.write_record(record, log) and hardware.read_record(
         log.read_text()
