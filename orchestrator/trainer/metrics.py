@@ -44,29 +44,9 @@ log = logging.getLogger(__name__)
 
 # Step time buckets (seconds): 5 ms to 2 min, ~1.6x apart, so p50/p95 interpolate within ~25%.
 STEP_SECONDS_BUCKETS = (
-    0.005,
-    0.01,
-    0.015,
-    0.025,
-    0.04,
-    0.06,
-    0.1,
-    0.15,
-    0.25,
-    0.4,
-    0.6,
-    1.0,
-    1.5,
-    2.5,
-    4.0,
-    6.0,
-    10.0,
-    15.0,
-    25.0,
-    40.0,
-    60.0,
-    120.0,
-)
+    0.005, 0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6,
+    1.0, 1.5, 2.5, 4.0, 6.0, 10.0, 15.0, 25.0, 40.0, 60.0, 120.0,
+)  # fmt: skip
 
 # Dense (no sparsity) BF16 tensor-core peak TFLOP/s per GPU, from NVIDIA's datasheets; matched in order against
 # the full torch.cuda.get_device_name() ("NVIDIA H200 NVL"), a key matching whole words only, so more specific
