@@ -57,6 +57,7 @@ from orchestrator.cluster.errors import (
     Unauthorized,
     UnknownFields,
 )
+from orchestrator.errors import UsageError
 from orchestrator.kube.kinds import (
     CONFIGMAP,
     CRD,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 DEFAULT_NAMESPACE = "default"
 CONNECT_TIMEOUT = 10.0  # seconds one attempt may take to connect
 FOLLOW_READ_TIMEOUT = 300  # seconds a followed log may stay silent before orch reconnects
+MAX_LOG_LINE_BYTES = 2**20  # a longer log line is printed in pieces of this size (memory stays bounded)
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds orch waits for the API server, retries included (see module doc)
 
 # Tunables, from the environment so tests (and impatient users) can shorten them.
@@ -99,7 +101,23 @@ WATCH_SECONDS = 300  # one watch request's server-side timeout; then it is resum
 
 
 def poll_seconds() -> float:
-    return float(os.environ.get(POLL_SECONDS_ENV, "2"))
+    return _env_number(POLL_SECONDS_ENV, 2.0, minimum=0.01)
+
+
+def _env_number(name: str, default: float, *, minimum: float, maximum: float = 86400.0) -> float:
+    """A tunable from the environment: a finite number within [minimum, maximum], else a usage error naming
+    the variable (nothing was sent yet: a negative backoff or retry count must not reach a sleep or a loop)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not minimum <= value <= maximum:  # NaN fails both comparisons
+        shown = raw if len(raw) <= 20 else raw[:17] + "..."
+        raise UsageError(f"${name}: {shown!r} is not a number from {minimum:g} to {maximum:g}")
+    return value
 
 
 def request_timeout_from_env() -> float:
@@ -113,8 +131,8 @@ def request_timeout_from_env() -> float:
         return 0.0
     try:
         return float(parse_duration(raw))
-    except ValueError as e:
-        raise ClusterError(f"${REQUEST_TIMEOUT_ENV}: {e}; or 0 for no limit") from None
+    except ValueError as e:  # nothing was sent: bad input, like a bad --request-timeout (exit 2)
+        raise UsageError(f"${REQUEST_TIMEOUT_ENV}: {e}; or 0 for no limit") from None
 
 
 def seconds(value: float) -> str:
@@ -142,9 +160,9 @@ class Cluster:
         self.namespace = namespace
         self.secrets = tuple(s for s in secrets if s)
         self.server = scrub(server or redact_url(self.transport.host), self.secrets)
-        self.retries = int(os.environ.get(RETRIES_ENV, "5")) if retries is None else retries
-        self.backoff = float(os.environ.get(BACKOFF_ENV, "0.5")) if backoff is None else backoff
-        self.read_timeout = float(os.environ.get(READ_TIMEOUT_ENV, "60"))
+        self.retries = int(_env_number(RETRIES_ENV, 5, minimum=0, maximum=100)) if retries is None else retries
+        self.backoff = _env_number(BACKOFF_ENV, 0.5, minimum=0, maximum=MAX_BACKOFF) if backoff is None else backoff
+        self.read_timeout = _env_number(READ_TIMEOUT_ENV, 60.0, minimum=0.1)
         self.request_timeout = request_timeout_from_env() if request_timeout is None else request_timeout
         self.kubectl_flags = kubectl_flags  # --context/--kubeconfig, for commands orch tells users to run
         self._per_request = False  # inside patiently(): the deadline bounds each request, not all of them
@@ -398,13 +416,10 @@ class Cluster:
         import urllib3
 
         try:
-            for line in _lines(response):
+            for line in _lines(response, max_line=rest.MAX_ANSWER_BYTES):
                 if not line.strip():
                     continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    raise self._not_the_api("watch", resource, name, "application/json", line) from None
+                event = _json(line)
                 if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
                     raise self._not_the_api("watch", resource, name, "application/json", line)
                 if event.get("type") == "ERROR":
@@ -414,6 +429,8 @@ class Cluster:
                         raise Expired(f"watch {resource}: {message}")
                     raise ClusterError(f"watch {resource} failed: HTTP {status_obj.get('code')} {message}")
                 yield event
+        except rest.AnswerTooLarge as e:
+            raise self._not_the_api("watch", resource, name, "application/json", f"an event {e}") from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise ClusterUnreachable(self._scrub(f"the watch of {resource} broke off: {e}")) from e
 
@@ -503,7 +520,7 @@ class Cluster:
             if opened is not None:
                 opened(response)
             try:
-                yield from _lines(response)
+                yield from _lines(response, max_line=MAX_LOG_LINE_BYTES, cut=True)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 # A followed stream breaks when the container exits or the connection drops: the follower
                 # reads on from the last line it got, so the lines the server still has are not lost.
@@ -520,8 +537,30 @@ class Cluster:
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """`_call`, and its answer as a JSON object (anything else is the server's error, said so)."""
-        return self._decode(self._call(verb, resource, name, fn, *args, **kwargs), verb, resource, name)
+        """`_call`, and its answer as a JSON object (anything else is the server's error, said so), read
+        within the same deadline and at most `rest.MAX_ANSWER_BYTES`."""
+        import urllib3
+
+        deadline = self._call_deadline()
+        response = self._call(verb, resource, name, fn, *args, _deadline=deadline, **kwargs)
+        try:
+            data = rest.read_body(response, limit=rest.MAX_ANSWER_BYTES, deadline=deadline)
+        except rest.AnswerTooSlow as e:
+            raise self._expired(verb, resource, name, e) from e
+        except rest.AnswerTooLarge as e:
+            what = f"{resource} {name}" if name else str(resource)
+            raise ClusterError(
+                self._scrub(
+                    f"the answer to {verb} {what} from {self.server} is {e}, more than an API server sends "
+                    "for one request; is the server URL in the kubeconfig right?"
+                )
+            ) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # the connection broke while the body came
+            raise ClusterUnreachable(
+                self._scrub(f"the answer to {verb} {resource} from {self.server} broke off: {_reason(e)}")
+            ) from e
+        headers = getattr(response, "headers", None) or {}
+        return self._decode(data, headers.get("Content-Type"), verb, resource, name)
 
     def _call(
         self,
@@ -540,7 +579,7 @@ class Cluster:
         kwargs.setdefault("_preload_content", False)
         fixed_timeout = kwargs.pop("_request_timeout", None)
         transient_denial: re.Pattern[str] | None = kwargs.pop("_transient_denial", None)
-        deadline = self._call_deadline()
+        deadline = kwargs.pop("_deadline") if "_deadline" in kwargs else self._call_deadline()
         last_error: Exception | None = None
         attempt = denials = 0
         while True:
@@ -620,16 +659,13 @@ class Cluster:
             )
         )
 
-    def _decode(self, response: Any, verb: str, resource: Resource, name: str | None) -> dict[str, Any]:
-        data = response.data if hasattr(response, "data") else response
-        try:
-            answer = json.loads(data) if data else {}
-        except (TypeError, ValueError):
-            answer = None
+    def _decode(
+        self, data: bytes, content_type: str | None, verb: str, resource: Resource, name: str | None
+    ) -> dict[str, Any]:
+        answer = _json(data) if data else {}
         if isinstance(answer, dict):
             return answer
-        headers = getattr(response, "headers", None) or {}
-        raise self._not_the_api(verb, resource, name, headers.get("Content-Type") or "no content type", data)
+        raise self._not_the_api(verb, resource, name, content_type or "no content type", data)
 
     def _items(self, verb: str, resource: Resource, answer: dict[str, Any]) -> builtins.list[dict[str, Any]]:
         """The `items` of a List answer; each one must be an object."""
@@ -662,6 +698,15 @@ class Cluster:
         what = f"{resource} {name}" if name else str(resource)
         where = f'in namespace "{self.namespace}"'
         said = self._scrub(_status_message(e))
+        if 300 <= e.status <= 399:
+            return ClusterError(
+                self._scrub(
+                    f"the API server at {self.server} answered {verb} {what} with a redirect (HTTP {e.status}) "
+                    f"to {_location(e)}; orch follows none, so that no token or client certificate goes to a "
+                    "server the kubeconfig does not name: if that is the API server, make it the kubeconfig's "
+                    "server"
+                )
+            )
         if e.status == 401:
             return Unauthorized(
                 f"unauthorized: the API server at {self.server} rejected orch's credentials "
@@ -688,6 +733,11 @@ class Cluster:
             return AlreadyExists(f"{what} already exists {where}")
         if e.status == 410:
             return Expired(f"{verb} {what} {where}: {said}")
+        if e.status == 429:
+            return ClusterError(
+                f"{verb} {what} {where}: the API server is throttling requests (HTTP 429: {said}) and still was "
+                f"after {self.retries} retries; try again later"
+            )
         return ClusterError(
             f"{verb} {what} {where} failed: HTTP {e.status} {self._scrub(str(e.reason))}: {said}"
         )
@@ -765,34 +815,94 @@ def _tls_failure(e: Exception) -> str | None:
     return f"certificate verify failed: {said} (is the kubeconfig's certificate-authority the cluster's CA?)"
 
 
+def _location(e: Any) -> str:
+    """Where a redirect points, shown without credentials or query (either may hold a token)."""
+    from urllib.parse import urlsplit
+
+    try:
+        raw = str((e.headers or {}).get("Location") or "")
+        parts = urlsplit(raw)
+        host, port = parts.hostname, parts.port
+    except (AttributeError, TypeError, ValueError):  # a Location that is no URL (a bad port, a bad host)
+        return "an unreadable Location"
+    if not raw:
+        return "no Location"
+    where = f"{parts.scheme}://{host}{f':{port}' if port else ''}" if host else "this server"
+    shown = where + parts.path
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 def _retryable(status_code: int | None) -> bool:
     return status_code == 429 or (status_code is not None and 500 <= status_code <= 599)
 
 
 def _retry_after(e: Any) -> float | None:
+    """The server's `Retry-After` in seconds (RFC 9110: a number of seconds or an HTTP date), None if it
+    sent none or nothing readable (then orch's own backoff). Never negative; the caller caps it."""
     try:
         headers: Any = e.headers or {}
-        return float(headers.get("Retry-After"))
-    except (TypeError, ValueError):
+        raw = str(headers.get("Retry-After") or "").strip()
+    except (AttributeError, TypeError):
         return None
+    if not raw:
+        return None
+    if re.fullmatch(r"[0-9]+", raw):
+        return float(raw) if len(raw) <= 9 else 1e9  # a 1000-digit number means "later", not an int to convert
+    import email.utils
+
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # RFC 9110's dates are GMT; a date without a zone is not one of them
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _status_message(e: Any) -> str:
     """The API server's own explanation (a `Status` object's message), else the HTTP reason."""
-    try:
-        message = json.loads(e.body)["message"]
-    except (TypeError, ValueError, KeyError, IndexError):
-        message = None
+    answer = _json(getattr(e, "body", None) or "")
+    message = answer.get("message") if isinstance(answer, dict) else None
     return message if isinstance(message, str) and message else str(e.reason or "")
 
 
-def _lines(response: Any) -> Iterator[str]:
-    """Lines from a streamed HTTP response as they arrive (the last one even without a newline)."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
+def _lines(response: Any, *, max_line: int, cut: bool = False) -> Iterator[str]:
+    """Lines from a streamed HTTP response as they arrive (the last one even without a newline). A line
+    longer than `max_line` bytes is `rest.AnswerTooLarge`, or with `cut` given in pieces of that size (a
+    log line of a gigabyte is printed, not held whole)."""
+
+    def pieces(line: bytes | bytearray) -> Iterator[str]:
+        if len(line) > max_line and not cut:
+            raise rest.AnswerTooLarge(max_line)
+        for start in range(0, max(len(line), 1), max_line):
+            yield line[start : start + max_line].decode("utf-8", errors="replace")
+
+    buffer = bytearray()  # the line still arriving
+    for chunk in rest.chunks(response):
+        *complete, tail = chunk.split(b"\n")
         for line in complete:
-            yield line.decode("utf-8", errors="replace").rstrip("\r")
+            buffer += line
+            yield from (piece.rstrip("\r") for piece in pieces(buffer))
+            buffer = bytearray()
+        buffer += tail
+        if len(buffer) > max_line:
+            if not cut:
+                raise rest.AnswerTooLarge(max_line)
+            whole = (len(buffer) - 1) // max_line * max_line  # the rest, 1 to max_line bytes, waits for more
+            yield from pieces(buffer[:whole])
+            del buffer[:whole]
     if buffer:
-        yield buffer.decode("utf-8", errors="replace")
+        yield from pieces(buffer)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(data: bytes | str) -> Any:
+    """JSON as the API server writes it, or None: Python's NaN/Infinity extension is not JSON (no API
+    field holds one), and nesting deep enough to exhaust the parser's stack is no API object either."""
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except (TypeError, ValueError, RecursionError):
+        return None

@@ -66,8 +66,18 @@ def connect(target: Target, *, job_namespace: str | None = None, lean: bool = Fa
     context_name = target.context or kubeconfig.current_context
     context = kubeconfig.context(context_name, explicit=target.context is not None)
     kubeconfig.check_server(context_name)
+    kubeconfig.check_tls(context_name)
+    if kubeconfig.clusters[str(context.get("cluster"))].get("insecure-skip-tls-verify") is True:
+        # As kubectl, silent about what the kubeconfig asked for: urllib3 would print two lines (with a file
+        # path) for each place a request is made from.
+        import warnings
+
+        import urllib3
+
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     transport = lean_transport(kubeconfig, context_name or "") if lean else None
     if transport is None:
+        _check_tls_material(kubeconfig, context_name or "")
         return _official(target, job_namespace, kubeconfig, context_name)
     secrets = [*kubeconfig.secrets(), *([transport.token] if transport.token else [])]
     return _cluster(
@@ -144,7 +154,10 @@ def _official(
             raise KubeconfigError(scrub(_credentials_message(path, context, user, errors.messages), secrets))
         where = f"context {context_name}"
     # orch retries itself (with backoff and a clear final message); urllib3's silent retries would stack.
-    configuration.retries = 0
+    # No redirect is followed (rest.py says why): urllib3 hands the 3xx back instead.
+    import urllib3
+
+    configuration.retries = urllib3.Retry(total=0, redirect=False)
     secrets += _configuration_secrets(configuration)
     transport = OfficialTransport(client.ApiClient(configuration))
     return _cluster(target, job_namespace, transport, where, context_namespace, secrets)
@@ -197,77 +210,132 @@ def lean_transport(kubeconfig: Kubeconfig, context_name: str) -> LeanTransport |
                   kubeconfig.secrets())
         )  # fmt: skip
 
-    def file(entry: dict[str, Any], origin: str, key: str) -> str:
-        base = os.path.dirname(os.path.abspath(origin))
-        return os.path.join(base, os.path.expanduser(entry[key]))
-
-    cluster_file = kubeconfig.origins.get(("clusters", cluster_name), kubeconfig.path)
-    user_file = kubeconfig.origins.get(("users", user_name), kubeconfig.path)
     token = user.get("token") or None
     if token is None and user.get("tokenFile"):
         try:
-            with open(file(user, user_file, "tokenFile"), encoding="utf-8") as f:
+            with open(kubeconfig.file("users", user_name, "tokenFile"), encoding="utf-8") as f:
                 token = f.read().strip() or None
         except OSError as e:
             fail(f"users.{user_name}.tokenFile: {e.strerror}: {user['tokenFile']}")
+        except UnicodeDecodeError:
+            fail(f"users.{user_name}.tokenFile: {user['tokenFile']} is not text")
     host = str(cluster["server"]).rstrip("/")
     pool_options: dict[str, Any] = {}
     if host.startswith("https"):
         try:
-            pool_options = _tls_options(cluster, cluster_file, user, user_file, file)
-        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError; bad base64 a ValueError
-            fail(f"TLS setup: {' '.join(str(e).split())}")
+            pool_options = _tls_options(kubeconfig, cluster_name, user_name)
+        except TLSSetupError as e:
+            fail(str(e))
     # orch retries itself (with backoff and a clear final message); urllib3's silent retries would stack.
     pool = urllib3.PoolManager(num_pools=4, maxsize=CONNECTION_POOL, retries=0, **pool_options)
     return LeanTransport(host, pool, token=token)
 
 
-def _tls_options(
-    cluster: dict[str, Any], cluster_file: str, user: dict[str, Any], user_file: str, file: Any
-) -> dict[str, Any]:
+def _check_tls_material(kubeconfig: Kubeconfig, context_name: str) -> None:
+    """The TLS material the official client will load, loaded here first: a CA or a key that does not load
+    is then the same one line (naming the field) from every command, before anything is sent."""
+    context = kubeconfig.contexts[context_name]
+    cluster_name = str(context.get("cluster"))
+    if not str(kubeconfig.clusters[cluster_name].get("server")).startswith("https"):
+        return
+    try:
+        _tls_options(kubeconfig, cluster_name, context.get("user") or "")
+    except TLSSetupError as e:
+        raise KubeconfigError(
+            scrub(f"kubeconfig {kubeconfig.path}: context {context_name}: cannot use it: {e}", kubeconfig.secrets())
+        ) from None
+
+
+class TLSSetupError(Exception):
+    """A kubeconfig's TLS material that does not load, said as `field: what is wrong` (never its content)."""
+
+
+def _tls_options(kubeconfig: Kubeconfig, cluster_name: str, user_name: str) -> dict[str, Any]:
     """urllib3's TLS arguments for a cluster: its CA (file or data), the user's client certificate (files or
-    data), `insecure-skip-tls-verify`, `tls-server-name`; what the official client's `RESTClientObject` sets."""
-    import base64
+    data), `insecure-skip-tls-verify`, `tls-server-name`; what the official client's `RESTClientObject` sets.
+    Whatever does not load is a `TLSSetupError` naming the field (and the file)."""
     import ssl
     import tempfile
 
     from urllib3.util.ssl_ import create_urllib3_context
 
+    cluster = kubeconfig.clusters[cluster_name]
+    user = kubeconfig.users.get(user_name, {})
     insecure = cluster.get("insecure-skip-tls-verify") is True
     context = create_urllib3_context(cert_reqs=ssl.CERT_NONE if insecure else ssl.CERT_REQUIRED)
     if not insecure:
+        field_name = f"clusters.{cluster_name}.certificate-authority"
         if cluster.get("certificate-authority-data"):
-            pem = base64.b64decode(cluster["certificate-authority-data"], validate=True).decode("ascii")
-            context.load_verify_locations(cadata=pem)
+            pem = _decoded(cluster["certificate-authority-data"], f"{field_name}-data")
+            field_name += "-data"
         elif cluster.get("certificate-authority"):
-            context.load_verify_locations(cafile=file(cluster, cluster_file, "certificate-authority"))
+            pem = _file_bytes(kubeconfig, "clusters", cluster_name, "certificate-authority")
         else:
+            pem = None
+        if pem is None:
             context.load_default_certs()
-    pair: list[bytes | str] = []
+        else:
+            try:
+                context.load_verify_locations(cadata=pem.decode("ascii"))
+            except (ssl.SSLError, UnicodeDecodeError, ValueError):
+                raise TLSSetupError(f"{field_name}: holds no PEM certificate") from None
+    pair: list[tuple[str, bytes]] = []
     for key in ("client-certificate", "client-key"):
+        field_name = f"users.{user_name}.{key}"
         if user.get(f"{key}-data"):
-            pair.append(base64.b64decode(user[f"{key}-data"], validate=True))
+            pair.append((f"{field_name}-data", _decoded(user[f"{key}-data"], f"{field_name}-data")))
         elif user.get(key):
-            pair.append(file(user, user_file, key))
+            pair.append((field_name, _file_bytes(kubeconfig, "users", user_name, key)))
     if len(pair) == 2:
+        (cert_field, cert), (key_field, key) = pair
+        if b"-----BEGIN CERTIFICATE-----" not in cert:
+            raise TLSSetupError(f"{cert_field}: holds no PEM certificate")
+        if b"PRIVATE KEY-----" not in key:
+            raise TLSSetupError(f"{key_field}: holds no PEM private key")
         with contextlib.ExitStack() as stack:
             paths = []
-            for item in pair:
+            for item in (cert, key):
                 # ssl reads keys from files only: one only this user can read, deleted at once
-                if isinstance(item, bytes):
-                    temp = stack.enter_context(tempfile.NamedTemporaryFile("wb", suffix=".pem"))
-                    temp.write(item)
-                    temp.flush()
-                    paths.append(temp.name)
-                else:
-                    paths.append(item)
-            context.load_cert_chain(certfile=paths[0], keyfile=paths[1])
+                temp = stack.enter_context(tempfile.NamedTemporaryFile("wb", suffix=".pem"))
+                temp.write(item)
+                temp.flush()
+                paths.append(temp.name)
+            try:
+                context.load_cert_chain(certfile=paths[0], keyfile=paths[1])
+            except ssl.SSLError as e:
+                said = " ".join(str(getattr(e, "reason", None) or e).split()).lower().replace("_", " ")
+                raise TLSSetupError(f"{cert_field} and {key_field} do not load as a pair ({said})") from None
     options: dict[str, Any] = {"ssl_context": context, "cert_reqs": context.verify_mode}
     if insecure:
         options["assert_hostname"] = False
     if cluster.get("tls-server-name"):
         options["server_hostname"] = cluster["tls-server-name"]
     return options
+
+
+MAX_TLS_FILE_BYTES = 2**20  # a CA bundle, a certificate or a key: kilobytes (a bundle of every public CA: 250 KiB)
+
+
+def _decoded(value: str, field_name: str) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise TLSSetupError(f"{field_name}: not base64") from None
+
+
+def _file_bytes(kubeconfig: Kubeconfig, section: str, name: str, key: str) -> bytes:
+    path = kubeconfig.file(section, name, key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TLS_FILE_BYTES + 1)
+    except OSError as e:
+        raise TLSSetupError(f"{section}.{name}.{key}: {e.strerror}: {path}") from None
+    if len(data) > MAX_TLS_FILE_BYTES:
+        raise TLSSetupError(f"{section}.{name}.{key}: {path} is larger than 1 MiB")
+    return data
 
 
 def resolve_namespace(target: Target, *, job_namespace: str | None = None) -> str:
@@ -367,8 +435,61 @@ class Kubeconfig:
             raise KubeconfigError(
                 f"kubeconfig {self.path}: context {name}: its cluster {cluster!r} is not defined"
             )
-        if not self.clusters[cluster].get("server"):
+        server = self.clusters[cluster].get("server")
+        if not server:
             raise KubeconfigError(f"kubeconfig {self.path}: context {name}: cluster {cluster} has no server")
+        if problem := _server_problem(str(server)):
+            shown = "" if problem == "is not a URL" else f"{redact_url(str(server))} "
+            raise KubeconfigError(
+                f"kubeconfig {self.path}: context {name}: clusters.{cluster}.server: {shown}{problem} "
+                "(e.g. https://10.0.0.1:6443)"
+            )
+
+    def check_tls(self, name: str | None) -> None:
+        """What kubectl refuses in the TLS fields of the context's cluster and user is refused here too, by
+        every command, before anything is sent (client-go: clientcmd/validation.go's validateClusterInfo and
+        validateAuthInfo; transport.TLSConfigFor for insecure with a CA): a field given both as a file and as
+        `-data`, a file that cannot be read, `insecure-skip-tls-verify` beside a certificate-authority."""
+        context = self.contexts[name or ""]
+        cluster_name, user_name = str(context.get("cluster")), context.get("user") or ""
+        cluster, user = self.clusters[cluster_name], self.users.get(user_name, {})
+        where = f"kubeconfig {self.path}: context {name}"
+
+        def given(entry: dict[str, Any], key: str) -> bool:
+            return isinstance(entry.get(key), str) and entry[key] != ""
+
+        if cluster.get("insecure-skip-tls-verify") is True and (
+            given(cluster, "certificate-authority") or given(cluster, "certificate-authority-data")
+        ):
+            raise KubeconfigError(
+                f"{where}: clusters.{cluster_name}: insecure-skip-tls-verify beside a certificate-authority: "
+                "one says verify the server with it, the other do not verify (kubectl refuses the pair too); "
+                "remove one"
+            )
+        for section, entry_name, entry, key in (
+            ("clusters", cluster_name, cluster, "certificate-authority"),
+            ("users", user_name, user, "client-certificate"),
+            ("users", user_name, user, "client-key"),
+        ):
+            if given(entry, key) and given(entry, f"{key}-data"):
+                raise KubeconfigError(
+                    f"{where}: {section}.{entry_name}: both {key} and {key}-data are set (kubectl refuses "
+                    "that too); keep one"
+                )
+            if given(entry, key):
+                path = self.file(section, entry_name, key)
+                try:
+                    with open(path, "rb"):
+                        pass
+                except OSError as e:
+                    raise KubeconfigError(f"{where}: {section}.{entry_name}.{key}: {e.strerror}: {path}") from None
+
+    def file(self, section: str, name: str, key: str) -> str:
+        """The file an entry's `key` names: relative to the kubeconfig file that defined the entry, as kubectl
+        reads it ($KUBECONFIG may merge files from several folders)."""
+        entry = (self.clusters if section == "clusters" else self.users)[name]
+        origin = self.origins.get((section, name), self.path)
+        return os.path.join(os.path.dirname(os.path.abspath(origin)), os.path.expanduser(str(entry[key])))
 
     def user(self, name: str | None) -> tuple[str, dict[str, Any]]:
         return name or "", self.users.get(name or "", {})
@@ -432,6 +553,24 @@ def _parse(file: str) -> tuple[dict[str, Any], dict[tuple[str | int, ...], tuple
 
 
 MAX_KUBECONFIG_BYTES = 16 * 2**20
+
+
+def _server_problem(server: str) -> str | None:
+    """What is wrong with a cluster's `server` as a URL, or None. Without a scheme urllib3 would guess
+    (and warn); another scheme, no host or a bad port would fail each of orch's retries the same way."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(server)
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https"):
+        return "is not an https:// (or http://) URL"
+    try:
+        host, _ = parts.hostname, parts.port
+    except ValueError:
+        return "has no valid port"
+    return None if host else "has no host"
 
 
 def _check_shape(

@@ -22,11 +22,19 @@ Paths are built by `_path` from their parts: a part that client-go's request bui
 sent, and every part is percent-quoted, so no value (a namespace, a name, one the server returned) can
 reach another namespace, kind or object, or add a query. (The commands and `orchestrator.api` refuse a bad
 job name or namespace before that, naming the argument: naming.py's rules.)
+
+Neither follows a redirect: a 3xx is handed back as an `HttpError` like any other status (client.py says it
+in one line), so a bearer token or a client certificate is never presented to a server the kubeconfig does
+not name. Bodies are read as they arrive (`chunks`), bounded in size and in time (`read_body`): a server
+that sends without end, or one byte at a time, cannot hold a command past its deadline or fill its memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode
 
@@ -38,6 +46,75 @@ if TYPE_CHECKING:
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+
+# What one answer may be: a list page is PAGE_SIZE objects (a few MiB of pods), an object at most the
+# 1.5 MiB etcd takes; four times the largest page an API server sends in practice. Past it the server is not
+# answering as an API server does (an endless stream, a file served in its place).
+MAX_ANSWER_BYTES = 64 * 2**20
+MAX_ERROR_BYTES = 64 * 2**10  # of a non-2xx answer: its Status message is all that is shown
+CHUNK_BYTES = 64 * 2**10
+
+
+class AnswerTooLarge(Exception):
+    """An answer (or one line of a stream) over its bound."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"larger than {limit / 2**20:g} MiB")
+        self.limit = limit
+
+
+class AnswerTooSlow(Exception):
+    """An answer still arriving when the deadline came (a server that trickles bytes)."""
+
+    def __init__(self, received: int) -> None:
+        super().__init__(f"its answer was still arriving after {received} bytes")
+        self.received = received
+
+
+def chunks(response: Any) -> Iterator[bytes]:
+    """A response's body as it arrives: each piece is what one socket read gave (`read1`), so a reader sees
+    lines when they come and checks its bounds between pieces, whatever the server's pace."""
+    read1 = getattr(response, "read1", None)
+    if read1 is None:  # a body already read (bytes, or an object holding them)
+        data = response.data if hasattr(response, "data") else response
+        if data:
+            yield data if isinstance(data, bytes) else str(data).encode()
+        return
+    while chunk := read1(CHUNK_BYTES):
+        yield chunk
+
+
+def read_body(response: Any, *, limit: int, deadline: float | None, truncate: bool = False) -> bytes:
+    """The body, at most `limit` bytes, read by `deadline` (monotonic; None: no limit but each read's
+    timeout). Past either: `AnswerTooLarge` / `AnswerTooSlow`, or with `truncate` what came so far. A
+    response not read to its end is closed (its connection cannot serve another request)."""
+    data = bytearray()
+    complete = False
+    try:
+        for chunk in chunks(response):
+            data += chunk
+            if len(data) > limit:
+                if truncate:
+                    break
+                raise AnswerTooLarge(limit)
+            if deadline is not None and time.monotonic() >= deadline:
+                if truncate:
+                    break
+                raise AnswerTooSlow(len(data))
+        else:
+            complete = True
+    finally:
+        if not complete and hasattr(response, "close"):
+            with contextlib.suppress(Exception):
+                response.close()
+    return bytes(data[:limit])
+
+
+def _error_body(response: Any, timeout: Any) -> str:
+    """What a non-2xx answer says, bounded (MAX_ERROR_BYTES, and the attempt's read timeout in all)."""
+    seconds = timeout[1] if isinstance(timeout, tuple) else timeout
+    deadline = time.monotonic() + float(seconds) if seconds else None
+    return _text(read_body(response, limit=MAX_ERROR_BYTES, deadline=deadline, truncate=True))
 
 
 class HttpError(Exception):
@@ -88,8 +165,8 @@ class OfficialTransport:
                 raise urllib3.exceptions.SSLError(" ".join(str(e.reason).split("\n")[1:])) from e
             raise
         if not 200 <= response.status <= 299:
-            data = response.read()  # type: ignore[no-untyped-call]  # kubernetes' RESTResponse is untyped
-            raise HttpError(response.status, str(response.reason or ""), _text(data), response.headers)
+            text = _error_body(response.response, timeout)
+            raise HttpError(response.status, str(response.reason or ""), text, response.headers)
         return response.response
 
 
@@ -111,16 +188,17 @@ class LeanTransport:
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
         if self.token:
             headers = {**headers, "Authorization": f"Bearer {self.token}"}
+        limits: Any = None
         if isinstance(timeout, tuple):
-            timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+            limits = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         elif timeout:
-            timeout = urllib3.Timeout(total=timeout)
+            limits = urllib3.Timeout(total=timeout)
         data = None if body is None else json.dumps(body).encode()
         response = self.pool.request(
-            method, url, body=data, headers=headers, timeout=timeout, preload_content=False, redirect=False
+            method, url, body=data, headers=headers, timeout=limits, preload_content=False, redirect=False
         )
         if not 200 <= response.status <= 299:
-            text = _text(response.read())
+            text = _error_body(response, timeout)
             response.release_conn()
             raise HttpError(response.status, str(response.reason or ""), text, response.headers)
         return response
