@@ -86,8 +86,11 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as error:
-        error.show()
+    except click.ClickException as error:  # a bad flag or argument: one line too, with where help is
+        hint = ""
+        if isinstance(error, click.UsageError) and error.ctx is not None:
+            hint = f" (see {error.ctx.command_path} --help)"
+        click.echo(f"error: {one_line(error.format_message())}{hint}", err=True)
         sys.exit(error.exit_code)
     except click.exceptions.Exit as exit_:
         sys.exit(exit_.exit_code)

@@ -33,6 +33,7 @@ from orchestrator import status
 from orchestrator.cluster import jobs
 from orchestrator.cluster.client import Cluster, poll_seconds
 from orchestrator.cluster.errors import ClusterError, Forbidden
+from orchestrator.errors import UsageError
 from orchestrator.kube import read
 from orchestrator.kube.kinds import POD
 
@@ -42,21 +43,30 @@ Notice = Callable[[str], None]
 READABLE_PODS = 8  # up to this many pods, every pod's log is shown by default
 DEFAULT_MAX_REQUESTS = 10  # log streams open at once (kubectl's --max-log-requests default is 5)
 
+MAX_RANK = 2**31 - 2  # replicas are an int32: the last node rank of the largest job there can be
+MAX_SELECTED_RANKS = 100_000  # more nodes than any job has: `--all` says "every pod"
+
 
 def parse_ranks(text: str) -> frozenset[int]:
-    """`0-63,100,200-210` -> those node ranks. ValueError says what is wrong."""
-    ranks: set[int] = set()
+    """`0-63,100,200-210` -> those node ranks. ValueError says what is wrong. Bounded before anything is
+    built: `0-999999999999` is refused, not a set of a trillion numbers."""
+    spans: list[tuple[int, int]] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"([0-9]{1,10})(?:-([0-9]{1,10}))?", part)
         if match is None:
-            raise ValueError(f"{part!r} is not a rank or a range like 0-63")
+            shown = part if len(part) <= 30 else part[:27] + "..."
+            raise ValueError(f"{shown!r} is not a rank or a range like 0-63")
         first, last = int(match[1]), int(match[2] or match[1])
         if last < first:
             raise ValueError(f"{part!r}: the range ends before it starts")
-        ranks.update(range(first, last + 1))
-    if not ranks:
+        if last > MAX_RANK:
+            raise ValueError(f"{part!r}: {last} is past the last rank a job can have ({MAX_RANK})")
+        spans.append((first, last))
+        if sum(b - a + 1 for a, b in spans) > MAX_SELECTED_RANKS:
+            raise ValueError(f"more than {MAX_SELECTED_RANKS} ranks; --all shows every pod")
+    if not spans:
         raise ValueError("no ranks given (e.g. 0-63)")
-    return frozenset(ranks)
+    return frozenset(rank for first, last in spans for rank in range(first, last + 1))
 
 
 def format_ranks(ranks: list[int]) -> str:
@@ -132,6 +142,16 @@ def _node_rank(job: jobs.Job, pod: dict[str, Any]) -> int:
     return job.api.node_rank(job.obj, summary.role, summary.index)
 
 
+def _check_in_range(job: jobs.Job, selection: Selection) -> None:
+    """`--rank`/`--ranks` that no node of the job has is a usage error (with -f it would wait for pods that
+    never come); ranks some of which exist show those."""
+    nodes = job.api.nodes_and_gpus(job.obj)[0]
+    wanted = {selection.rank} if selection.rank is not None else selection.ranks
+    if nodes > 0 and wanted and min(wanted) >= nodes:
+        flag = f"--rank {selection.rank}" if selection.rank is not None else f"--ranks {format_ranks(list(wanted))}"
+        raise UsageError(f"{flag}: job {job.name} has {nodes} node{'s' if nodes != 1 else ''}, ranks 0-{nodes - 1}")
+
+
 def _rest_hint(job: jobs.Job, shown: int, total: int, how: str) -> str:
     return (
         f"showing {shown} of {total} pods ({how}); `orch logs {job.name} --all` shows every pod, "
@@ -158,6 +178,7 @@ def stream_logs(
     """Every selected pod's log as `emit(label, line)`. Returns the last job seen (None: it was deleted)."""
     job = jobs.locate(cluster, name)
     selection = Selection(rank=rank, pod=pod, ranks=ranks, every=every)
+    _check_in_range(job, selection)
     if follow:
         follower = LogFollower(cluster, job, selection, emit=emit, notice=notice, tail=tail,
                                since_seconds=since_seconds, drain_seconds=drain_seconds,

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_TIMEOUT = 124  # like timeout(1)
+MAX_RANK = 2**31 - 2  # replicas are an int32 (as orchestrator.cluster.logs.MAX_RANK, not imported: it is heavy)
+# Each open log stream holds a thread and one of the 128 pooled connections (cluster.connection
+# CONNECTION_POOL), beside the watches: more would open connections the pool then closes with a warning each.
+MAX_LOG_REQUESTS = 100
 
 
 REQUEST_TIMEOUT_KEY = "orch.request_timeout"
@@ -285,7 +289,7 @@ def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> fro
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too)."
 )
-@click.option("--rank", type=click.IntRange(min=0), help="Only the pod of this node rank (0 = master-0).")
+@click.option("--rank", type=click.IntRange(min=0, max=MAX_RANK), help="Only the pod of this node rank (0 = master-0).")
 @click.option(
     "--ranks", callback=_ranks, metavar="RANKS", help="Only these node ranks, e.g. 0-63 or 0,5,9-12."
 )
@@ -294,8 +298,9 @@ def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> fro
 @click.option("--pod", help="Only this pod.")
 @click.option("--tail", type=click.IntRange(min=0), help="Lines to show from the end of each log.")
 @click.option("--since", type=DURATION, help="Only lines newer than this, e.g. 10m or 2h.")
-@click.option("--max-log-requests", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Log streams open at once; with -f, pods beyond it are not followed (orch says which).")  # fmt: skip
+@click.option("--max-log-requests", type=click.IntRange(min=1, max=MAX_LOG_REQUESTS), default=10,
+              show_default=True, help=f"Log streams open at once, at most {MAX_LOG_REQUESTS}; with -f, pods "
+              "beyond it are not followed (orch says which).")  # fmt: skip
 def logs(
     name: str,
     kubeconfig: str | None,
