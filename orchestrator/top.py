@@ -14,7 +14,9 @@ only (urllib), plus prometheus-client's text parser for exporters.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -109,17 +111,34 @@ def local_exporter_url(port: int | None, job: str | None = None) -> str:
 # --- Prometheus ------------------------------------------------------------------------------------------------
 
 
+# What one answer may be: the instant vector of one series per GPU of the largest job is a few MiB.
+MAX_ANSWER_BYTES = 64 * 2**20
+
+
 def _get(url: str, timeout: float) -> bytes:
+    """The body at `url`, read within `timeout` seconds in all (not per socket read: a server that sends a
+    byte at a time cannot hold `orch top` longer) and at most MAX_ANSWER_BYTES; else one TopError."""
+    where = url.split("?")[0]
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes = response.read()
-            return body
+            body = bytearray()
+            while chunk := response.read1(2**16):
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise TopError(
+                        f"{where}: its answer is larger than {MAX_ANSWER_BYTES // 2**20} MiB, more than a "
+                        "Prometheus or an exporter sends for one job"
+                    )
+                if time.monotonic() > deadline:
+                    raise TopError(f"{where}: its answer was still arriving after {timeout:g}s")
+            return bytes(body)
     except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:200].replace("\n", " ")
-        raise TopError(f"{url.split('?')[0]}: HTTP {error.code} {detail}") from error
+        detail = error.read(2**12).decode(errors="replace")[:200].replace("\n", " ")
+        raise TopError(f"{where}: HTTP {error.code} {detail}") from error
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise TopError(f"cannot reach {url.split('?')[0]}: {reason}") from error
+        raise TopError(f"cannot reach {where}: {reason}") from error
 
 
 def _prometheus_query(
@@ -131,7 +150,7 @@ def _prometheus_query(
     raw = _get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}", timeout)
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's stack is no Prometheus answer either
         shown = " ".join(raw[:80].decode(errors="replace").split())
         raise TopError(f"{base} is not a Prometheus API (its answer is not JSON: {shown})") from None
     if not isinstance(body, dict) or body.get("status") != "success":
@@ -247,6 +266,12 @@ def from_exporters(
 # --- the rows: each rank's numbers, joined to its GPU ------------------------------------------------------
 
 
+def _rank_number(label: str) -> int | None:
+    """A `rank` label as a number; None for anything else a server sends ("²" and a 5000-digit string are
+    digits to str.isdigit, and no int)."""
+    return int(label) if re.fullmatch(r"[0-9]{1,9}", label) else None
+
+
 def _rows(series: _Series) -> list[Row]:
     gpu_values = {
         name: series.by(name, "gpu_uuid")
@@ -282,11 +307,14 @@ def _rows(series: _Series) -> list[Row]:
         return row
 
     rows, claimed = [], set()
-    for rank, labels in sorted(
-        ranks.items(), key=lambda item: int(item[0]) if item[0].isdigit() else 1 << 30
-    ):
+
+    def order(item: tuple[str, dict[str, str]]) -> int:
+        number = _rank_number(item[0])
+        return number if number is not None else 1 << 31
+
+    for rank, labels in sorted(ranks.items(), key=order):
         row = Row(
-            rank=int(rank) if rank.isdigit() else None,
+            rank=_rank_number(rank),
             node_rank=labels.get("node_rank", ""),
             local_rank=labels.get("local_rank", ""),
             hostname=labels.get("hostname", ""),
@@ -376,7 +404,8 @@ def summary_from_prometheus(
         return samples[0][1] if samples else None
 
     out = Summary(job=job)
-    out.ranks = int(scalar(f"count(orch_train_step{sel})") or 0)
+    ranks = scalar(f"count(orch_train_step{sel})")  # a count; a server may still answer NaN or +Inf
+    out.ranks = int(ranks) if ranks is not None and math.isfinite(ranks) and 0 <= ranks < 2**31 else 0
     out.step = scalar(f"max(orch_train_step{sel})")
     out.samples_per_second = scalar(f"sum(rate(orch_train_samples_total{sel}[{window}]))")
     out.mfu = scalar(f"avg(orch_train_mfu_ratio{sel})")
@@ -506,7 +535,21 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         """As `orch top -o json` prints it."""
         summary = asdict(self.summary) if self.summary else None
-        return {"job": self.job, "summary": summary, "rows": [asdict(row) for row in self.rows]}
+        snapshot = {"job": self.job, "summary": summary, "rows": [asdict(row) for row in self.rows]}
+        return {key: _json_numbers(value) for key, value in snapshot.items()}
+
+
+def _json_numbers(value: Any) -> Any:
+    """NaN and infinities as Prometheus' own API writes them ("NaN", "+Inf", "-Inf"): JSON has no such
+    numbers (json.dumps would print a bare NaN, which jq and every strict parser refuse), and a loss of NaN
+    is what a diverged run reports."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    if isinstance(value, dict):
+        return {k: _json_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(v) for v in value]
+    return value
 
 
 class Metrics:
