@@ -160,8 +160,12 @@ class Cluster:
         self.namespace = namespace
         self.secrets = tuple(s for s in secrets if s)
         self.server = scrub(server or redact_url(self.transport.host), self.secrets)
-        self.retries = int(_env_number(RETRIES_ENV, 5, minimum=0, maximum=100)) if retries is None else retries
-        self.backoff = _env_number(BACKOFF_ENV, 0.5, minimum=0, maximum=MAX_BACKOFF) if backoff is None else backoff
+        self.retries = (
+            int(_env_number(RETRIES_ENV, 5, minimum=0, maximum=100)) if retries is None else retries
+        )
+        self.backoff = (
+            _env_number(BACKOFF_ENV, 0.5, minimum=0, maximum=MAX_BACKOFF) if backoff is None else backoff
+        )
         self.read_timeout = _env_number(READ_TIMEOUT_ENV, 60.0, minimum=0.1)
         self.request_timeout = request_timeout_from_env() if request_timeout is None else request_timeout
         self.kubectl_flags = kubectl_flags  # --context/--kubeconfig, for commands orch tells users to run
@@ -847,7 +851,8 @@ def _retry_after(e: Any) -> float | None:
     if not raw:
         return None
     if re.fullmatch(r"[0-9]+", raw):
-        return float(raw) if len(raw) <= 9 else 1e9  # a 1000-digit number means "later", not an int to convert
+        # a 1000-digit number means "later", not an int to convert
+        return float(raw) if len(raw) <= 9 else 1e9
     import email.utils
 
     try:

@@ -242,7 +242,10 @@ def _check_tls_material(kubeconfig: Kubeconfig, context_name: str) -> None:
         _tls_options(kubeconfig, cluster_name, context.get("user") or "")
     except TLSSetupError as e:
         raise KubeconfigError(
-            scrub(f"kubeconfig {kubeconfig.path}: context {context_name}: cannot use it: {e}", kubeconfig.secrets())
+            scrub(
+                f"kubeconfig {kubeconfig.path}: context {context_name}: cannot use it: {e}",
+                kubeconfig.secrets(),
+            )
         ) from None
 
 
@@ -287,14 +290,14 @@ def _tls_options(kubeconfig: Kubeconfig, cluster_name: str, user_name: str) -> d
         elif user.get(key):
             pair.append((field_name, _file_bytes(kubeconfig, "users", user_name, key)))
     if len(pair) == 2:
-        (cert_field, cert), (key_field, key) = pair
-        if b"-----BEGIN CERTIFICATE-----" not in cert:
+        (cert_field, cert_pem), (key_field, key_pem) = pair
+        if b"-----BEGIN CERTIFICATE-----" not in cert_pem:
             raise TLSSetupError(f"{cert_field}: holds no PEM certificate")
-        if b"PRIVATE KEY-----" not in key:
+        if b"PRIVATE KEY-----" not in key_pem:
             raise TLSSetupError(f"{key_field}: holds no PEM private key")
         with contextlib.ExitStack() as stack:
             paths = []
-            for item in (cert, key):
+            for item in (cert_pem, key_pem):
                 # ssl reads keys from files only: one only this user can read, deleted at once
                 temp = stack.enter_context(tempfile.NamedTemporaryFile("wb", suffix=".pem"))
                 temp.write(item)
@@ -313,7 +316,9 @@ def _tls_options(kubeconfig: Kubeconfig, cluster_name: str, user_name: str) -> d
     return options
 
 
-MAX_TLS_FILE_BYTES = 2**20  # a CA bundle, a certificate or a key: kilobytes (a bundle of every public CA: 250 KiB)
+MAX_TLS_FILE_BYTES = (
+    2**20
+)  # a CA bundle, a certificate or a key: kilobytes (a bundle of every public CA: 250 KiB)
 
 
 def _decoded(value: str, field_name: str) -> bytes:
@@ -482,7 +487,9 @@ class Kubeconfig:
                     with open(path, "rb"):
                         pass
                 except OSError as e:
-                    raise KubeconfigError(f"{where}: {section}.{entry_name}.{key}: {e.strerror}: {path}") from None
+                    raise KubeconfigError(
+                        f"{where}: {section}.{entry_name}.{key}: {e.strerror}: {path}"
+                    ) from None
 
     def file(self, section: str, name: str, key: str) -> str:
         """The file an entry's `key` names: relative to the kubeconfig file that defined the entry, as kubectl

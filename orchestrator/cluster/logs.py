@@ -148,8 +148,14 @@ def _check_in_range(job: jobs.Job, selection: Selection) -> None:
     nodes = job.api.nodes_and_gpus(job.obj)[0]
     wanted = {selection.rank} if selection.rank is not None else selection.ranks
     if nodes > 0 and wanted and min(wanted) >= nodes:
-        flag = f"--rank {selection.rank}" if selection.rank is not None else f"--ranks {format_ranks(list(wanted))}"
-        raise UsageError(f"{flag}: job {job.name} has {nodes} node{'s' if nodes != 1 else ''}, ranks 0-{nodes - 1}")
+        flag = (
+            f"--rank {selection.rank}"
+            if selection.rank is not None
+            else f"--ranks {format_ranks(list(wanted))}"
+        )
+        raise UsageError(
+            f"{flag}: job {job.name} has {nodes} node{'s' if nodes != 1 else ''}, ranks 0-{nodes - 1}"
+        )
 
 
 def _rest_hint(job: jobs.Job, shown: int, total: int, how: str) -> str:

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_TIMEOUT = 124  # like timeout(1)
-MAX_RANK = 2**31 - 2  # replicas are an int32 (as orchestrator.cluster.logs.MAX_RANK, not imported: it is heavy)
+# Replicas are an int32 (as orchestrator.cluster.logs.MAX_RANK, not imported here: that module is heavy).
+MAX_RANK = 2**31 - 2
 # Each open log stream holds a thread and one of the 128 pooled connections (cluster.connection
 # CONNECTION_POOL), beside the watches: more would open connections the pool then closes with a warning each.
 MAX_LOG_REQUESTS = 100
@@ -289,7 +290,9 @@ def _ranks(ctx: click.Context, param: click.Parameter, value: str | None) -> fro
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep streaming until the job ends (new and restarted pods too)."
 )
-@click.option("--rank", type=click.IntRange(min=0, max=MAX_RANK), help="Only the pod of this node rank (0 = master-0).")
+@click.option(
+    "--rank", type=click.IntRange(min=0, max=MAX_RANK), help="Only the pod of this node rank (0 = master-0)."
+)
 @click.option(
     "--ranks", callback=_ranks, metavar="RANKS", help="Only these node ranks, e.g. 0-63 or 0,5,9-12."
 )

@@ -38,7 +38,9 @@ BAD_FLAGS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("args", "expected"), BAD_FLAGS, ids=lambda a: " ".join(a) if isinstance(a, tuple) else "")
+@pytest.mark.parametrize(
+    ("args", "expected"), BAD_FLAGS, ids=lambda a: " ".join(a) if isinstance(a, tuple) else ""
+)
 def test_a_bad_flag_value_is_one_line_exit_2_and_sends_nothing(env, args, expected):
     """Before: click's four lines (Usage, Try, a blank, `Error: ...`), not orch's one `error:` line."""
     result = env.orch(*args)

@@ -48,7 +48,9 @@ def b64(data: bytes) -> str:
 
 
 def connect(path: Path, *, lean: bool, request_timeout: float | None = None) -> cluster.Cluster:
-    connected = cluster.connect(cluster.Target(kubeconfig=str(path), request_timeout=request_timeout), lean=lean)
+    connected = cluster.connect(
+        cluster.Target(kubeconfig=str(path), request_timeout=request_timeout), lean=lean
+    )
     assert isinstance(connected.transport, LeanTransport if lean else OfficialTransport)
     return connected
 
@@ -83,7 +85,10 @@ def test_a_redirect_is_not_followed_with_a_token(tmp_path, lean):
 
 @pytest.mark.parametrize("lean", TRANSPORTS, ids=TRANSPORT_IDS)
 def test_a_redirect_is_not_followed_with_a_client_certificate(tmp_path, certificates, lean):
-    user = {"client-certificate-data": b64(certificates.client.cert), "client-key-data": b64(certificates.client.key)}
+    user = {
+        "client-certificate-data": b64(certificates.client.cert),
+        "client-key-data": b64(certificates.client.key),
+    }
     ca = {"certificate-authority-data": b64(certificates.ca.cert)}
     elsewhere_tls = certificates.server_context(tmp_path, require_client_cert=False)
     (tmp_path / "api").mkdir()
@@ -257,7 +262,9 @@ def test_a_watch_event_past_the_bound_is_said(tmp_path, monkeypatch):
     monkeypatch.setattr(rest, "MAX_ANSWER_BYTES", 1000)
     with scripted(always(200, b'{"type": "ADDED", "object": {"x": "' + b"y" * 5000, {})) as api:
         connected = connect(kubeconfig(tmp_path / "kc", api.url, TOKEN), lean=True)
-        with pytest.raises(cluster.ClusterError, match="is not a Kubernetes API answer .*an event larger than"):
+        with pytest.raises(
+            cluster.ClusterError, match="is not a Kubernetes API answer .*an event larger than"
+        ):
             list(connected.watch(POD, resource_version="1"))
 
 
@@ -331,7 +338,9 @@ def test_tls_settings_that_do_not_load_are_one_line_naming_the_field(
     """Before: `TLS setup: [Errno 2] No such file or directory` (which file?) or `[SSL] PEM lib` from the
     lean transport; the official client found a bad CA only when connecting. Now the field, the same for
     every command, and nothing is sent."""
-    with scripted(always(200, EMPTY_LIST), tls=certificates.server_context(tmp_path, require_client_cert=False)) as api:
+    with scripted(
+        always(200, EMPTY_LIST), tls=certificates.server_context(tmp_path, require_client_cert=False)
+    ) as api:
         path = kubeconfig(tmp_path / "kc", api.url, user, cluster_fields)
         result = run_orch(*(str(job_file) if a == "JOB" else a for a in args), env={"KUBECONFIG": str(path)})
     assert result.returncode == 2, result.stderr
@@ -345,7 +354,10 @@ def test_tls_settings_that_do_not_load_are_one_line_naming_the_field(
     ("server", "expected"),
     [
         ("127.0.0.1:6443", "clusters.c.server: 127.0.0.1:6443 is not an https:// (or http://) URL"),
-        ("ftp://127.0.0.1:6443", "clusters.c.server: ftp://127.0.0.1:6443 is not an https:// (or http://) URL"),
+        (
+            "ftp://127.0.0.1:6443",
+            "clusters.c.server: ftp://127.0.0.1:6443 is not an https:// (or http://) URL",
+        ),
         ("https://[::1", "clusters.c.server: is not a URL"),
         ("https://127.0.0.1:99999", "clusters.c.server: https://127.0.0.1:99999 has no valid port"),
         ("https:///api", "clusters.c.server: https:///api has no host"),
@@ -386,7 +398,11 @@ def test_insecure_skip_tls_verify_says_nothing_on_stderr(tmp_path, certificates,
     [
         ("ORCH_API_RETRIES", "-1", "$ORCH_API_RETRIES: '-1' is not a number from 0 to 100"),
         ("ORCH_API_RETRIES", "many", "$ORCH_API_RETRIES: 'many' is not a number from 0 to 100"),
-        ("ORCH_API_BACKOFF_SECONDS", "-0.5", "$ORCH_API_BACKOFF_SECONDS: '-0.5' is not a number from 0 to 30"),
+        (
+            "ORCH_API_BACKOFF_SECONDS",
+            "-0.5",
+            "$ORCH_API_BACKOFF_SECONDS: '-0.5' is not a number from 0 to 30",
+        ),
         ("ORCH_API_BACKOFF_SECONDS", "nan", "$ORCH_API_BACKOFF_SECONDS: 'nan' is not a number from 0 to 30"),
         ("ORCH_API_READ_TIMEOUT", "0", "$ORCH_API_READ_TIMEOUT: '0' is not a number from 0.1 to 86400"),
         ("ORCH_API_READ_TIMEOUT", "inf", "$ORCH_API_READ_TIMEOUT: 'inf' is not a number from 0.1 to 86400"),

@@ -61,9 +61,7 @@ class Scripted:
 
 
 @contextlib.contextmanager
-def scripted(
-    script: Callable[[Request], None], *, tls: ssl.SSLContext | None = None
-) -> Iterator[Scripted]:
+def scripted(script: Callable[[Request], None], *, tls: ssl.SSLContext | None = None) -> Iterator[Scripted]:
     stopping = threading.Event()
     server_box: list[Scripted] = []
 
