@@ -209,6 +209,8 @@ class Cluster:
             yield response
         finally:
             self._streams.discard(response)
+            if not getattr(response, "closed", True):  # left before its end (a 410 event): its rest is
+                response.close()  # still to come, so the connection cannot serve another request
             response.release_conn()
 
     def kubectl(self, *args: str) -> str:
@@ -883,7 +885,11 @@ def _lines(response: Any, *, max_line: int, cut: bool = False) -> Iterator[str]:
             yield line[start : start + max_line].decode("utf-8", errors="replace")
 
     buffer = bytearray()  # the line still arriving
-    for chunk in rest.chunks(response):
+    # urllib3's stream: pieces of at most CHUNK_BYTES as they come (a chunked answer: each chunk), and a
+    # stream cut off (a shutdown, a dropped connection) raises instead of ending as if complete
+    pieces_of = getattr(response, "stream", None)
+    stream = pieces_of(rest.CHUNK_BYTES, decode_content=True) if pieces_of else rest.chunks(response)
+    for chunk in stream:
         *complete, tail = chunk.split(b"\n")
         for line in complete:
             buffer += line

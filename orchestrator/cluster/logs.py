@@ -142,10 +142,11 @@ def _node_rank(job: jobs.Job, pod: dict[str, Any]) -> int:
     return job.api.node_rank(job.obj, summary.role, summary.index)
 
 
-def _check_in_range(job: jobs.Job, selection: Selection) -> None:
-    """`--rank`/`--ranks` that no node of the job has is a usage error (with -f it would wait for pods that
-    never come); ranks some of which exist show those."""
-    nodes = job.api.nodes_and_gpus(job.obj)[0]
+def _check_in_range(job: jobs.Job, selection: Selection, pods: int) -> None:
+    """`--rank`/`--ranks` that no node of the job has (its spec's nodes, or its `pods` if more: during a
+    restart) is a usage error (with -f it would wait for pods that never come); ranks some of which exist
+    show those."""
+    nodes = _job_size(job, pods)
     wanted = {selection.rank} if selection.rank is not None else selection.ranks
     if nodes > 0 and wanted and min(wanted) >= nodes:
         flag = (
@@ -184,13 +185,15 @@ def stream_logs(
     """Every selected pod's log as `emit(label, line)`. Returns the last job seen (None: it was deleted)."""
     job = jobs.locate(cluster, name)
     selection = Selection(rank=rank, pod=pod, ranks=ranks, every=every)
-    _check_in_range(job, selection)
     if follow:
+        if rank is not None or ranks is not None:  # one list, so that ranks no pod can have are said now
+            _check_in_range(job, selection, len(jobs.job_pods(cluster, job)))
         follower = LogFollower(cluster, job, selection, emit=emit, notice=notice, tail=tail,
                                since_seconds=since_seconds, drain_seconds=drain_seconds,
                                max_requests=max_requests)  # fmt: skip
         return follower.run()
     every_pod = jobs.job_pods(cluster, job)
+    _check_in_range(job, selection, len(every_pod))
     size = _job_size(job, len(every_pod))
     pods = _ordered(job, [p for p in every_pod if selection.wants(job, p, job_size=size)])
     if not pods:
