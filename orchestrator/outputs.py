@@ -23,6 +23,10 @@ in the table below, with who writes it, and its writer and reader use the name.
       objective.json          the trainer (rank 0), in an `orch sweep` trial: its objective at each value
       prune.request           orch sweep: created to stop the trial as pruned (the trainer's stop path)
       console.log             orch sweep: what the trial's `orch run` printed
+      goodput/                the trainer (rank 0 of each attempt): the goodput journal (orchestrator/goodput.py)
+      hang.json               the trainer (the rank that noticed a stall first): which ranks stopped, where
+      stacks/                 the trainer (every rank): rank-N.json (who it is), rank-N.txt (stacks on demand)
+      nccl-traces/            the launchers: NCCL's flight recorder dumps a rank's trace here on a timeout
 
 Stdlib only, and light: the launchers import it before anything else (a rank's shim, a pod's PID 1).
 """
@@ -57,6 +61,10 @@ OBJECTIVE = "objective.json"
 PRUNE_REQUEST = "prune.request"
 CONSOLE = "console.log"
 PREFLIGHT = "preflight.json"
+GOODPUT = "goodput"
+HANG = "hang.json"
+STACKS = "stacks"
+NCCL_TRACES = "nccl-traces"
 
 # What `orch run` leaves in OUT: a folder holding one of these is a run's output, not the user's code.
 LOCAL_RUN_MARKERS = (RUN_RECORD, RUN_LOCK)
@@ -70,6 +78,13 @@ def rank_log(log_dir: Path | str, rank: int | str) -> Path:
 def attempt_errors(log_dir: Path, attempt: int | str) -> Path:
     """The error files of one attempt of the ranks (torch's restart count): LOGS/errors/attempt-K/."""
     return log_dir / ERRORS / f"attempt-{attempt}"
+
+
+def rank_stacks(output_dir: Path | str, rank: int | str) -> tuple[Path, Path]:
+    """STACKS/rank-N.json (the rank's pid and host, for `orch stacks`) and STACKS/rank-N.txt (where its
+    faulthandler appends every thread's stack when `orch stacks` signals it)."""
+    folder = Path(output_dir) / STACKS
+    return folder / f"rank-{rank}.json", folder / f"rank-{rank}.txt"
 
 
 def error_file(log_dir: Path, attempt: int | str, rank: int | str) -> Path:

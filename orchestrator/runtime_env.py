@@ -52,6 +52,7 @@ FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benc
 # stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md)
 OBJECTIVE = "ORCH_OBJECTIVE"
 PRUNE_FILE = "ORCH_PRUNE_FILE"
+JOB_STARTED = "ORCH_JOB_STARTED"  # `orch run`: when the job started (Unix time), the goodput journal's start
 
 # --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
@@ -199,6 +200,9 @@ class RuntimeEnv:
     """`orch sweep`: the metric (eval/loss, train/loss) written to OUT/objective.json; None: no file."""
     prune_file: str | None = None
     """`orch sweep`, local trials: the file whose appearance stops the run as pruned; None: never pruned."""
+    job_started: float | None = None
+    """When the job started (`orch run`'s launch), for the goodput journal's first attempt; None: the first
+    attempt's own start (a pod: `orch status` adds the time before the pods from the cluster's objects)."""
 
     @classmethod
     def for_job(
@@ -249,6 +253,8 @@ class RuntimeEnv:
             env[OBJECTIVE] = self.objective
         if self.prune_file is not None:
             env[PRUNE_FILE] = self.prune_file
+        if self.job_started is not None:
+            env[JOB_STARTED] = repr(self.job_started)
         env.update(self.tracking.to_env())
         return env
 
@@ -271,6 +277,7 @@ class RuntimeEnv:
             tracking=TrackingSettings.from_environ(env),
             objective=env.get(OBJECTIVE) or None,
             prune_file=env.get(PRUNE_FILE) or None,
+            job_started=_number(env, JOB_STARTED, minimum=0),
         )
 
 

@@ -133,6 +133,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         parts.append(f"{summary['skipped_steps']} skipped steps")
     if _number(wall := summary.get("wall_seconds")):
         parts.append(f"{wall:.1f} s")
+    if isinstance(summary.get("goodput"), dict):
+        from orchestrator import goodput
+
+        parts.append(goodput.line(summary["goodput"]))
     return "result: " + ", ".join(parts)
 
 

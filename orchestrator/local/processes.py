@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -75,6 +76,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     # The trainer serves metrics; a `command:` job gets the same variables but nothing is promised.
     endpoint_file = _metrics_endpoint(env, local.output_dir) if local.train is not None else None
     env.update({worker.LAUNCHER_PID: str(os.getpid()), worker.LOG_DIR: str(log_dir.resolve())})
+    # The goodput journal's start, when this is the job's first run (a resumed OUT keeps the first run's).
+    env[runtime_env.JOB_STARTED] = repr(time.time())
     # the log keeps every line; the console drops the ones the progress bar shows
     env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:

@@ -40,6 +40,8 @@ class Placement:
 @dataclass(frozen=True)
 class Dist(Placement):
     device: torch.device
+    store_prefix: str = ""
+    """This attempt's keys in the store the group was formed through (the heartbeats' too)."""
 
     @property
     def is_main(self) -> bool:
@@ -113,15 +115,16 @@ def init(*, timeout: timedelta) -> Dist:
         dist.rendezvous("env://", rank=place.rank, world_size=place.world_size, timeout=JOIN_TIMEOUT)
     )
     attempt = store.add(f"orch/joins/world-{place.world_size}/rank-{place.rank}", 1) - 1
+    prefix = f"orch/world-{place.world_size}/attempt-{attempt}"
     dist.init_process_group(
         backend,
-        store=dist.PrefixStore(f"orch/world-{place.world_size}/attempt-{attempt}", store),
+        store=dist.PrefixStore(prefix, store),
         rank=place.rank,
         world_size=place.world_size,
         timeout=timeout,
         device_id=device if backend == "nccl" else None,
     )
-    return Dist(**vars(place), device=device)
+    return Dist(**vars(place), device=device, store_prefix=prefix)
 
 
 def close() -> None:

@@ -2,10 +2,12 @@
 
     torchrun --nproc-per-node=4 -m orchestrator.trainer --config train.json
 
-Reads top to bottom: `main` (config -> process group, reporter, metrics, tracking -> train -> close) and
-`train`, four sections of a screen each: set up (`set_up`: task, data, model, optimizer, schedule, precision,
-checkpoints, held by a `Trainer`) -> resume -> the loop (one optimizer step per iteration: step, log, eval,
-checkpoint, stop) -> the end (`finish`: final checkpoint, evaluation, summary.json and model.pt).
+Reads top to bottom: `main` (config -> process group, reporter, metrics, tracking, the heartbeat -> train ->
+close) and `train`, four sections of a screen each: set up (`set_up`: task, data, model, optimizer, schedule,
+precision, checkpoints, held by a `Trainer`) -> resume -> the loop (one optimizer step per iteration: step,
+log, eval, checkpoint, stop) -> the end (`finish`: final checkpoint, evaluation, summary.json and model.pt).
+The `with timeline...` lines mark the phases (timeline.py): the goodput journal counts their seconds and the
+heartbeat says where a rank stopped.
 A SIGTERM or first Ctrl-C ends the loop early with a checkpoint; `main` then returns 128+signal (stop.py).
 The config is the `train:` section of job.yaml as JSON; the launcher's runtime facts come from the ORCH_*
 environment (orchestrator/runtime_env.py, read once here) and the process's place from torchrun's (dist.py).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator import outputs, runtime_env
+from orchestrator.trainer.timeline import Timeline
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from orchestrator.trainer.config import OptimizerSpec, TrainSpec
     from orchestrator.trainer.data import Layout, ShardedStream
     from orchestrator.trainer.dist import Dist
+    from orchestrator.trainer.heartbeat import Heartbeat
+    from orchestrator.trainer.journal import NullJournal
     from orchestrator.trainer.metrics import Meter
     from orchestrator.trainer.objective import ObjectiveReport
     from orchestrator.trainer.parallel import MemoryMeter
@@ -57,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Train; the process's exit code: 0, or 128+signal after a stop on SIGTERM/SIGINT (checkpoint written)."""
+    timeline = Timeline()  # in phase `startup` since the process started
     started = time.perf_counter()
     # --- config: train.json and the launcher's ORCH_* environment ------------------------------------
     cfg = runtime_env.load_train_json(Path(parse_args(argv).config).read_text(encoding="utf-8"))
@@ -103,12 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     stop_request.install()
     failed = True
+    # Rank 0's goodput journal; every rank's heartbeat (hang verdicts) and its stack on demand (orch stacks).
+    journal, heartbeat = watch(timeline, cfg, runtime, world)
     try:
         # The training body is its own function so that the model, DDP's reducer and their references to
         # the process group are gone before it is destroyed (a gloo group freed later can abort the process).
-        stopped_by = train(cfg, runtime, world, reporter, meter, tracker, stop_request, started=started)
+        stopped_by = train(cfg, runtime, world, reporter, meter, tracker, stop_request, started=started,
+                           timeline=timeline, journal=journal)  # fmt: skip
         failed = stopped_by != 0  # a stopped run is unfinished: its MLflow run continues on resume
     finally:
+        journal.end("failed")  # unless it ended already (finished, stopped)
+        heartbeat.stop()
         stop_request.restore()  # what is left (closing, tracking's deadline) a signal may cut short
         tracking.finish(tracker, Path(runtime.output_dir), failed=failed)  # what was not sent is said here
         reporter.close()
@@ -127,6 +138,8 @@ def train(
     stop_request: StopRequest,
     *,
     started: float,
+    timeline: Timeline,
+    journal: NullJournal,
 ) -> int:
     """Set up, resume, run the loop, write the results. Collective: every rank calls it.
     Returns 0, or the signal that stopped the loop early (after writing a checkpoint)."""
@@ -134,62 +147,81 @@ def train(
     from orchestrator.trainer.stop import PRUNED
 
     # --- set up: task, data, model (DDP/FSDP), optimizer, schedule, precision, checkpoints -------------
-    trainer = set_up(cfg, runtime, world, reporter, meter, tracker)
+    with timeline.phase("setup"):
+        trainer = set_up(cfg, runtime, world, reporter, meter, tracker)
 
     # --- resume: the newest complete checkpoint, or step 0 ------------------------------------------
-    resumed_from, counters = resume(trainer)
+    with timeline.phase("checkpoint_load"):
+        resumed_from, counters = resume(trainer)
     progress = trainer.start_progress(step=resumed_from or 0, counters=counters)
     reporter.say(trainer.describe())
+    timeline.at_step(progress.step)
+    journal.begin(resumed_from=resumed_from)  # a restart that resumes here keeps everything until now
 
     # --- the loop: one optimizer step per iteration ---------------------------------------------------
     max_steps, checkpoints = trainer.max_steps, trainer.checkpoints
     batches = trainer.batches(start_step=progress.step)
     stopping = 0
     while progress.step < max_steps:
-        step_started = time.perf_counter()
-        lr = trainer.scheduler.set_lr(progress.step)
-        # forward and backward over the accumulation's micro-batches under autocast, one gradient reduction
-        result = train_step(
-            trainer.model, trainer.optimizer, trainer.scaler, batches, accumulation=trainer.layout.accumulation,
-            loss_fn=trainer.task.loss_fn, autocast=trainer.autocast, grad_clip=cfg.grad_clip, device=world.device,
-        )  # fmt: skip
-        stats = progress.record(result, lr=lr, seconds=time.perf_counter() - step_started)
-        step = stats.step
-        # every rank, every step, the same answer (one small all-reduce); the last step just finishes
-        stopping = stop_request.agreed() if step < max_steps else 0
-        if stats.skipped and not trainer.scaler.is_enabled() and cfg.nonfinite_loss == "stop":
-            raise NonFiniteLoss(
-                f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
-                "lower train.optimizer.lr, check the data, or set train.nonfinite_loss: skip"
-            )
-        if step % cfg.log_every == 0 or step == max_steps:
-            stats = trainer.log_step(stats, progress)
-        meter.on_step(stats)
-        if stopping == PRUNED:  # `orch sweep` pruned this trial: it ends here, as a finished run does
-            reporter.say(f"pruned by orch sweep at step {step}/{max_steps}")
-            break
+        with timeline.step(progress.step + 1):  # data, forward, backward, optimizer marked in train_step
+            step_started = time.perf_counter()
+            lr = trainer.scheduler.set_lr(progress.step)
+            # forward and backward over the accumulation's micro-batches under autocast, one gradient reduction
+            result = train_step(
+                trainer.model, trainer.optimizer, trainer.scaler, batches,
+                accumulation=trainer.layout.accumulation, loss_fn=trainer.task.loss_fn, autocast=trainer.autocast,
+                grad_clip=cfg.grad_clip, device=world.device, timeline=timeline,
+            )  # fmt: skip
+            stats = progress.record(result, lr=lr, seconds=time.perf_counter() - step_started)
+            step = stats.step
+            # every rank, every step, the same answer (one small all-reduce); the last step just finishes
+            stopping = stop_request.agreed() if step < max_steps else 0
+            if stats.skipped and not trainer.scaler.is_enabled() and cfg.nonfinite_loss == "stop":
+                raise NonFiniteLoss(
+                    f"loss or gradient is not finite at step {step} (grad norm {result.grad_norm}); "
+                    "lower train.optimizer.lr, check the data, or set train.nonfinite_loss: skip"
+                )
+            if step % cfg.log_every == 0 or step == max_steps:
+                stats = trainer.log_step(stats, progress)
+            meter.on_step(stats)
+            if stopping == PRUNED:  # `orch sweep` pruned this trial: it ends here, as a finished run does
+                reporter.say(f"pruned by orch sweep at step {step}/{max_steps}")
+                break
 
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps and not stopping:
-            results = trainer.evaluate(step)
-            reporter.evaluation(step=step, results=results)
-            # plateau watches the eval loss, or the training loss when the task has no eval set
-            watched = results.get("loss", progress.last_loss)
-            if watched is not None and trainer.scheduler.observe_loss(watched):
-                reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
-        checkpoints.poll()  # async saves: a finished write is put in place
-        if (checkpoints.due(step) or stopping) and step < max_steps:
-            trainer.save_checkpoint(step, progress)
-        if stopping:  # SIGTERM or Ctrl-C, agreed by every rank: the checkpoint above is the last thing
-            checkpoints.close()  # async: the stop checkpoint is on disk and in place before the exit
-            name = signal_name(stopping)
-            reporter.say(
-                f"stopped by {name} at step {step}/{max_steps}: checkpoint written, resume to continue"
-            )
-            reporter.event("stopped", step=step, max_steps=max_steps, signal=name)
-            return stopping
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < max_steps and not stopping:
+                with timeline.phase("eval"):
+                    results = trainer.evaluate(step)
+                reporter.evaluation(step=step, results=results)
+                # plateau watches the eval loss, or the training loss when the task has no eval set
+                watched = results.get("loss", progress.last_loss)
+                if watched is not None and trainer.scheduler.observe_loss(watched):
+                    reporter.say(f"loss plateaued: learning rate x {cfg.schedule.factor}")
+            checkpoints.poll()  # async saves: a finished write is put in place
+            if (checkpoints.due(step) or stopping) and step < max_steps:
+                with timeline.phase("checkpoint_save"):
+                    trainer.save_checkpoint(step, progress)
+                journal.kept(step)  # a restart that resumes from this checkpoint keeps everything until now
+            if stopping:  # SIGTERM or Ctrl-C, agreed by every rank: the checkpoint above is the last thing
+                checkpoints.close()  # async: the stop checkpoint is on disk and in place before the exit
+                name = signal_name(stopping)
+                reporter.say(
+                    f"stopped by {name} at step {step}/{max_steps}: checkpoint written, resume to continue"
+                )
+                reporter.event("stopped", step=step, max_steps=max_steps, signal=name)
+                journal.end("stopped")
+                return stopping
 
     # --- the end: final checkpoint, evaluation, summary.json, model.pt --------------------------------
-    finish(trainer, progress, resumed_from=resumed_from, started=started, pruned=stopping == PRUNED)
+    with timeline.phase("checkpoint_save"):  # the results are saved; the evaluation is marked inside
+        finish(
+            trainer,
+            progress,
+            resumed_from=resumed_from,
+            started=started,
+            timeline=timeline,
+            journal=journal,
+            pruned=stopping == PRUNED,
+        )
     return 0
 
 
@@ -333,7 +365,6 @@ def set_up(
     """Seeds, task, data layout, model, optimizer, schedule, precision, checkpoints. Collective."""
     import torch
 
-    from orchestrator import storage
     from orchestrator.trainer import checkpoint, data, parallel, precision
     from orchestrator.trainer.objective import ObjectiveReport
     from orchestrator.trainer.schedule import Scheduler
@@ -341,7 +372,7 @@ def set_up(
 
     # What the run keeps (checkpoints, model.pt, summary.json, TensorBoard's events) goes to the object
     # store when there is one; a store that cannot be written to stops every rank here, in one line.
-    kept = storage.location(runtime.output_url) if runtime.output_url else Path(runtime.output_dir)
+    kept = kept_location(runtime)
     checkpoint.check_stores([runtime.output_url, cfg.checkpoint.dir], rank=world.rank)
     checkpoint.seed_everything(cfg.seed, rank=0)  # identical data and initial weights on every rank
     if cfg.deterministic:  # off by default: it costs speed (about 9% on CPU, more with some CUDA kernels)
@@ -447,7 +478,14 @@ def resume(trainer: Trainer) -> tuple[int | None, dict[str, Any] | None]:
 
 
 def finish(
-    trainer: Trainer, progress: Progress, *, resumed_from: int | None, started: float, pruned: bool = False
+    trainer: Trainer,
+    progress: Progress,
+    *,
+    resumed_from: int | None,
+    started: float,
+    timeline: Timeline,
+    journal: NullJournal,
+    pruned: bool = False,
 ) -> None:
     """Final checkpoint, evaluation, summary.json and model.pt (rank 0), then every rank leaves together.
     A pruned trial (`orch sweep`) keeps its checkpoint and summary, and skips the evaluation and model.pt."""
@@ -460,7 +498,8 @@ def finish(
     if resumed_from != trainer.max_steps and runtime.final_save:
         trainer.save_checkpoint(step, progress)
     trainer.checkpoints.close()  # async: the last write is on disk and in place
-    results = {} if pruned else trainer.evaluate(step)
+    with timeline.phase("eval"):
+        results = {} if pruned else trainer.evaluate(step)
     if results:
         trainer.reporter.evaluation(step=step, results=results)
     trainer.objective.finish(step, pruned=pruned)
@@ -477,13 +516,16 @@ def finish(
     # collective under FSDP: gathered to rank 0 (benchmark runs write no model: ORCH_FINAL_SAVE=0)
     final_model = checkpoint.full_model_state(trainer.module) if runtime.final_save and not pruned else None
     if world.is_main:
-        write_results(trainer, summary, final_model)
+        write_results(trainer, summary, final_model, journal)
     # Leave together: no rank tears down its connections while rank 0 is still writing files.
     torch.distributed.barrier()
 
 
 def write_results(
-    trainer: Trainer, summary: dict[str, Any], final_model: dict[str, torch.Tensor] | None
+    trainer: Trainer,
+    summary: dict[str, Any],
+    final_model: dict[str, torch.Tensor] | None,
+    journal: NullJournal,
 ) -> None:
     """Rank 0: model.pt and summary.json in the output directory (and the store), the tracker's artifacts."""
     from orchestrator import storage
@@ -493,6 +535,9 @@ def write_results(
     output_dir.mkdir(parents=True, exist_ok=True)
     if final_model is not None:
         checkpoint.write_atomic(output_dir / outputs.MODEL, final_model)
+    journal.end("finished")  # the job's goodput until now: the results are kept
+    goodput = journal.account()
+    summary["goodput"] = goodput.to_dict() if goodput is not None else None
     outputs.write_json(output_dir / outputs.SUMMARY, summary)
     if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
         tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
@@ -504,6 +549,33 @@ def write_results(
     )
     trainer.tracker.log_artifacts([output_dir / outputs.SUMMARY, *model_file])
     trainer.reporter.done(summary, summary_file=output_dir / outputs.SUMMARY)
+
+
+def watch(
+    timeline: Timeline, cfg: TrainSpec, runtime: RuntimeEnv, world: Dist
+) -> tuple[NullJournal, Heartbeat]:
+    """Rank 0's goodput journal (OUT/goodput/ and the store's copy); every rank's heartbeat thread, started
+    (it also writes the journal every few seconds); every rank's stack on SIGUSR1 (orch stacks)."""
+    from orchestrator.trainer import heartbeat, journal
+
+    output_dir = Path(runtime.output_dir)
+    kept = kept_location(runtime)
+    records = journal.build(timeline, enabled=world.is_main, output_dir=output_dir, kept=kept,
+                            job_started=runtime.job_started)  # fmt: skip
+    beat = heartbeat.Heartbeat(
+        timeline, rank=world.rank, world_size=world.world_size, store_prefix=world.store_prefix,
+        collective_timeout=cfg.collective_timeout, output_dir=output_dir, kept=kept, journal=records,
+    )  # fmt: skip
+    beat.start()
+    heartbeat.register_stacks(output_dir, world.rank)
+    return records, beat
+
+
+def kept_location(runtime: RuntimeEnv) -> Any:
+    """Where the run keeps its results: the output directory, or the object store's location (output_url)."""
+    from orchestrator import storage
+
+    return storage.location(runtime.output_url) if runtime.output_url else Path(runtime.output_dir)
 
 
 def signal_name(number: int) -> str:

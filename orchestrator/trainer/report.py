@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import goodput
 from orchestrator.outputs import format_duration, format_value
 
 if TYPE_CHECKING:
@@ -227,6 +228,8 @@ class Reporter:
             + (f", eval loss {results['loss']:.4f}" if "loss" in results else "")
             + f" -> {summary_file}"
         )
+        if summary.get("goodput"):
+            self.say(goodput.line(summary["goodput"]))
 
     def close(self) -> None:
         if self.events:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from orchestrator.trainer import parallel
+from orchestrator.trainer.timeline import Timeline
 
 
 @dataclass
@@ -44,31 +45,48 @@ def train_step(
     autocast: Callable[[], AbstractContextManager],
     grad_clip: float | None,
     device: torch.device,
+    timeline: Timeline,
 ) -> StepResult:
     loss_sum = torch.zeros((), device=device)
     data_wait = ready = 0.0
     step_started = time.perf_counter()
     for micro_step in range(accumulation):
         started = time.perf_counter()
-        inputs, targets = next(batches)
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
+        with timeline.phase("data"):
+            inputs, targets = next(batches)
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
         data_wait += time.perf_counter() - started
         # Gradients are reduced only on the last micro-step (DDP: all-reduce; FSDP: reduce-scatter). The
         # forward pass must be inside no_sync() too, or DDP still synchronises (DDP.no_sync docs).
         sync = micro_step == accumulation - 1
         with nullcontext() if sync else parallel.no_sync(model):
-            with autocast():
+            with timeline.phase("forward"), autocast():
                 # Divided by the accumulation so the summed gradient is the mean over the global batch
                 # (DDP already averages over ranks).
                 loss = loss_fn(model(inputs), targets) / accumulation
             if sync:
                 ready = time.perf_counter() - step_started
-            # fp16: the scale stays constant over the micro-steps of one optimizer step.
-            scaler.scale(loss).backward()
+            with timeline.phase("backward"):  # fp16: the scale stays constant over the micro-steps
+                scaler.scale(loss).backward()
         loss_sum += loss.detach()
 
-    # Once per optimizer step: unscale (fp16), measure and clip the gradient norm.
+    with timeline.phase("optimizer"):
+        updated, grad_norm = update(model, optimizer, scaler, grad_clip=grad_clip)
+    return StepResult(
+        loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait, ready_seconds=ready
+    )
+
+
+def update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    *,
+    grad_clip: float | None,
+) -> tuple[bool, float]:
+    """Once per optimizer step: unscale (fp16), measure and clip the gradient norm, update the weights
+    unless the norm is not finite. Returns (updated, grad_norm)."""
     scaler.unscale_(optimizer)
     parameters = [p for p in model.parameters() if p.grad is not None]
     norm = clip_grad_norm(parameters, grad_clip) if grad_clip else total_norm(parameters)
@@ -84,9 +102,7 @@ def train_step(
         optimizer.step()
     scaler.update()  # fp16: halves the scale after an overflow, grows it after enough good steps; no sync
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(
-        loss=loss_sum, grad_norm=grad_norm, updated=updated, data_wait_seconds=data_wait, ready_seconds=ready
-    )
+    return updated, grad_norm
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -65,26 +65,34 @@ def records_pid(**synthetic_args) -> Task:
 class HeldAfter(Dataset):
     """Serves `inner`, but while `hold` exists and `release` does not, every fetch waits. A test can then act on
     a run that is certainly past a checkpoint and certainly not finished, on any machine load: it waits for the
-    checkpoint, acts, then creates `release` (the data and so the mathematics are those of `inner`)."""
+    checkpoint, acts, then creates `release` (the data and so the mathematics are those of `inner`).
+    `after`: fetches still served once `hold` exists (the steps a rank goes on for); when the hold begins, the
+    rank creates `release`'s sibling held-RANK."""
 
-    def __init__(self, inner: Dataset, hold: Path, release: Path) -> None:
-        self.inner, self.hold, self.release = inner, hold, release
+    def __init__(self, inner: Dataset, hold: Path, release: Path, after: int = 0) -> None:
+        self.inner, self.hold, self.release, self.after = inner, hold, release, after
+        self.marker = release.with_name(f"held-{os.environ.get('RANK', '0')}")
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int):
-        while self.hold.exists() and not self.release.exists():
-            time.sleep(0.01)
+        if self.after and self.hold.exists():
+            self.after -= 1
+        elif self.hold.exists() and not self.release.exists():
+            self.marker.touch()
+            while not self.release.exists():
+                time.sleep(0.01)
         return self.inner[index]
 
 
-def held_after_checkpoint(step: int, release: str, **synthetic_args) -> Task:
+def held_after_checkpoint(step: int, release: str, samples_after: int = 0, **synthetic_args) -> Task:
     """The synthetic task, holding its input once the step-`step` checkpoint (ORCH_OUTPUT_DIR/checkpoints,
-    renamed into place when complete) is on disk, until the file `release` exists."""
+    renamed into place when complete) is on disk, until the file `release` exists; with `samples_after`, once
+    this rank has read that many more samples (micro-batch x accumulation per optimizer step)."""
     task = synthetic.make(**synthetic_args)
     hold = Path(os.environ["ORCH_OUTPUT_DIR"], "checkpoints", f"step-{step:08d}")
-    task.train_dataset = HeldAfter(task.train_dataset, hold, Path(release))
+    task.train_dataset = HeldAfter(task.train_dataset, hold, Path(release), after=samples_after)
     return task
 
 

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from orchestrator.trainer import precision
 from orchestrator.trainer.step import train_step
+from orchestrator.trainer.timeline import Timeline
 
 pytestmark = [
     pytest.mark.gpu,
@@ -72,7 +73,7 @@ def test_fp16_fused_adamw_skips_an_overflow_and_backs_off(nccl_group):
     for _ in range(4):
         before = [p.detach().clone() for p in model.parameters()]
         result = train_step(model, optimizer, scaler, data, accumulation=2, loss_fn=nn.functional.mse_loss,
-                            autocast=precision.autocast("fp16", CUDA), grad_clip=1.0, device=CUDA)  # fmt: skip
+                            autocast=precision.autocast("fp16", CUDA), grad_clip=1.0, device=CUDA, timeline=Timeline())  # fmt: skip
         changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         rows.append((result.updated, changed, scaler.get_scale()))
     assert rows == [
@@ -90,7 +91,7 @@ def test_one_host_sync_per_step_on_cuda(nccl_group):
     scaler = precision.grad_scaler("fp16", CUDA)
     data = _batches(4, 2, poison={})
     step = lambda: train_step(model, optimizer, scaler, data, accumulation=2, loss_fn=nn.functional.mse_loss,  # noqa: E731
-                              autocast=precision.autocast("fp16", CUDA), grad_clip=1.0, device=CUDA)  # fmt: skip
+                              autocast=precision.autocast("fp16", CUDA), grad_clip=1.0, device=CUDA, timeline=Timeline())  # fmt: skip
     step()  # the first step builds DDP's buckets and the optimizer state
     counts = []
     for _ in range(3):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import goodput, outputs
 from tests.trainer.conftest import ORCH, REPO, Run, assert_same_params, job, orch_run, write_job
 
 pytestmark = pytest.mark.slow
@@ -38,13 +39,15 @@ def fault_job(name: str, *, sample_delay: float = 0.0, parallel: str = "ddp") ->
     )
 
 
-def held(spec: dict, release: Path) -> dict:
-    """The job with its input held once the step-10 checkpoint is on disk until `release` exists
-    (tests/trainer/plugin_tasks.py): a kill after that checkpoint lands before the end on any load."""
+def held(spec: dict, release: Path, *, steps_after: int = 0) -> dict:
+    """The job with its input held once the step-10 checkpoint is on disk (and `steps_after` more steps are
+    done) until `release` exists (tests/trainer/plugin_tasks.py): a kill after that checkpoint lands before
+    the end on any load."""
     train = spec["train"]
     args = {k: v for k, v in train["task_args"].items() if k != "sample_delay"}
+    per_step = train["batch_size"] // spec["nodes"] // spec["procs_per_node"]  # samples a rank reads per step
     train.update(task="tests.trainer.plugin_tasks:held_after_checkpoint",
-                 task_args={**args, "step": 10, "release": str(release)})  # fmt: skip
+                 task_args={**args, "step": 10, "release": str(release), "samples_after": steps_after * per_step})  # fmt: skip
     return spec
 
 
@@ -155,14 +158,19 @@ def test_sigkill_of_a_rank_restarts_from_the_last_checkpoint(tmp_path, reference
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory) -> tuple[Run, dict[int, int]]:
-    """A `restart.policy: job` run whose rank 1 is SIGKILLed after the step-10 checkpoint, and the pids of its
-    first attempt. It resumed once (from 10), so its step-20 checkpoint is what a resumed run wrote."""
+    """A `restart.policy: job` run whose rank 1 is SIGKILLed at step 13, 3 steps after the step-10 checkpoint,
+    and the pids of its first attempt. It resumed once (from 10, redoing 11-13), so its step-20 checkpoint is
+    what a resumed run wrote."""
     tmp = tmp_path_factory.mktemp("restarted")
     out, release = tmp / "out", tmp / "release"
-    process = start(write_job(tmp, held(restart_job("jobpolicy"), release)), out)
-    wait_for((out / "checkpoints" / "step-00000010").exists, what="the step-10 checkpoint")
-    first = worker_pids(out)  # both held after the checkpoint
+    process = start(write_job(tmp, held(restart_job("jobpolicy"), release, steps_after=3)), out)
+    wait_for(
+        lambda: all((tmp / f"held-{rank}").exists() for rank in (0, 1)), what="both ranks held at step 13"
+    )
+    first = worker_pids(out)
     assert set(first) == {0, 1}
+    # rank 0's goodput journal knows step 13 (its heartbeat thread writes it every few seconds)
+    wait_for(lambda: journal_step(out) == 13, what="the journal at step 13")
     os.kill(first[1], signal.SIGKILL)
     release.touch()
     stdout, stderr = process.communicate(timeout=300)
@@ -184,6 +192,51 @@ def test_restart_policy_job_restarts_every_rank_from_the_last_checkpoint(restart
         log = (run.out / "logs" / f"rank-{rank}.log").read_text()
         assert "attempt 0," in log and "attempt 1," in log
     assert_same_params(reference.state_dict(), run.state_dict())
+
+
+def journal_step(out: Path) -> int:
+    """The step the newest attempt's goodput record says it completed (0 without one)."""
+    _, attempts = goodput.read_journal(out / outputs.GOODPUT)
+    return max(attempts, key=lambda a: a.started).step if attempts else 0
+
+
+def test_a_clean_run_accounts_for_its_wall_time_by_cause(reference):
+    """#31: goodput > 0, every cause present, the ones this run had measured, the parts adding up to the
+    wall time since `orch run` started (its run.json); the result line says it."""
+    result = reference.summary["goodput"]
+    badput = result["badput_seconds"]
+    assert list(badput) == list(goodput.CAUSES)
+    assert 0 < result["ratio"] < 1
+    for cause in ("program_startup", "training_prep", "unproductive_checkpoint_restore_time", "data_loading_sync",
+                  "eval", "unproductive_checkpoint_save_time"):  # fmt: skip
+        assert badput[cause] > 0, cause  # looking for a checkpoint to resume is a load; eval: the final one
+    for cause in ("queued", "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption"):
+        assert badput[cause] == 0, cause
+    parts = result["goodput_seconds"] + sum(badput.values())
+    assert parts == pytest.approx(result["wall_seconds"], rel=0.03)
+    started = outputs.read_run_record(reference.out)["started"]
+    assert result["started"] == pytest.approx(started, abs=1.0)  # the job's start is orch run's
+    assert (result["attempts"], result["lost_steps"]) == (1, 0)
+    assert f"goodput {100 * result['ratio']:.0f}% of" in reference.stdout.splitlines()[-1]
+
+
+def test_a_restart_reports_the_steps_it_redid_and_the_time_it_took_to_restart(restarted):
+    run, _ = restarted
+    assert run.returncode == 0, run.stderr
+    result = run.summary["goodput"]
+    badput = result["badput_seconds"]
+    assert (result["attempts"], result["lost_steps"]) == (2, 3)
+    assert badput["wasted_progress_from_disruption"] > 0  # steps 11-13, and the hold at 14
+    assert badput["infrastructure_recovery_from_disruption"] > 0  # rank 1's death -> the new processes
+    assert badput["unproductive_checkpoint_restore_time"] > 0
+    parts = result["goodput_seconds"] + sum(badput.values())
+    assert parts == pytest.approx(result["wall_seconds"], rel=0.03)
+    _, attempts = goodput.read_journal(run.out / outputs.GOODPUT)
+    assert [(a.outcome, a.resumed_from) for a in sorted(attempts, key=lambda a: a.started)] == [
+        ("failed", None),
+        ("finished", 10),
+    ]
+    assert "1 restart, 3 steps redone" in run.stdout
 
 
 def test_restart_policy_job_gives_up_after_max_restarts(tmp_path):

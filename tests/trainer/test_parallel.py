@@ -18,6 +18,7 @@ from torch import nn
 
 from orchestrator.trainer import parallel, precision
 from orchestrator.trainer.step import train_step
+from orchestrator.trainer.timeline import Timeline
 from tests.trainer.test_step import batches
 
 
@@ -50,7 +51,7 @@ def _fsdp_worker(rank: int, store_dir: str, result_dir: str) -> None:
                     model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
                     accumulation=accumulation, loss_fn=lambda out, y: nn.functional.mse_loss(out[:, :1], y),
                     autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=0.5,
-                    device=torch.device("cpu"),
+                    device=torch.device("cpu"), timeline=Timeline(),
                 )  # fmt: skip
                 norms.append(result.grad_norm)
         else:  # control: what a loop without no_sync() does

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from orchestrator.trainer import precision
 from orchestrator.trainer.step import train_step
+from orchestrator.trainer.timeline import Timeline
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def run_steps(model, precision_name: str, steps: int, accumulation: int, poison=
         scale_before = scaler.get_scale()
         result = train_step(
             model, optimizer, scaler, data, accumulation=accumulation, loss_fn=nn.functional.mse_loss,
-            autocast=autocast, grad_clip=1.0, device=torch.device("cpu"),
+            autocast=autocast, grad_clip=1.0, device=torch.device("cpu"), timeline=Timeline(),
         )  # fmt: skip
         changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         rows.append((result.updated, changed, scale_before, scaler.get_scale()))
@@ -116,7 +117,7 @@ def _count_allreduces(rank: int, store_dir: str, result_dir: str) -> None:
                     model, optimizer, precision.grad_scaler("fp32", torch.device("cpu")), data,
                     accumulation=accumulation, loss_fn=nn.functional.mse_loss,
                     autocast=precision.autocast("fp32", torch.device("cpu")), grad_clip=None,
-                    device=torch.device("cpu"),
+                    device=torch.device("cpu"), timeline=Timeline(),
                 )  # fmt: skip
         else:  # control: what a loop without no_sync() does
             for inputs, targets in data:
@@ -177,7 +178,7 @@ def test_one_host_sync_per_step(group, monkeypatch, precision_name):
             patch.setattr(torch.Tensor, "item", counting_item)
             train_step(model, optimizer, scaler, data, accumulation=2, loss_fn=nn.functional.mse_loss,
                        autocast=precision.autocast(precision_name, torch.device("cpu")), grad_clip=1.0,
-                       device=torch.device("cpu"))  # fmt: skip
+                       device=torch.device("cpu"), timeline=Timeline())  # fmt: skip
         per_step.append(len(calls))
     assert per_step == [1, 1, 1, 1]
     if precision_name == "fp16":
