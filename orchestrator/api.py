@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from orchestrator.cluster import Cluster, Job, Target
     from orchestrator.job.spec import JobSpec
     from orchestrator.local import LocalPlan
+    from orchestrator.stacks import RankStack
     from orchestrator.status import JobStatus
     from orchestrator.sweep.controller import SweepResult
     from orchestrator.sweep.spec import Sweep
@@ -259,6 +260,21 @@ def sweep_status(source: str | Path | Sweep, *, plot: bool = True) -> SweepStatu
 
     checked = source if not isinstance(source, (str, Path)) else load_sweep(source)
     return status(checked, draw=plot)
+
+
+def local_stacks(name: str) -> list[RankStack]:
+    """`orch stacks NAME --local`: every rank's Python stack (all threads) of the newest live `orch run` of
+    `name` on this machine (py-spy where installed, else the ranks' faulthandler; orchestrator/stacks.py)."""
+    from orchestrator import local, stacks
+
+    _job_name("stacks", name)
+    runs = local.live_runs(name)
+    if not runs:
+        raise OrchError(f"no live `orch run` of {name} on this machine (without --local: the cluster's job)")
+    found = stacks.dump(Path(runs[0]["output_dir"]))
+    if not found:
+        raise OrchError(f"the `orch run` of {name} (pid {runs[0]['pid']}) has no trainer ranks running now")
+    return found
 
 
 # --- on a cluster ---------------------------------------------------------------------------------------------

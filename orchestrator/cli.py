@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "wait": "orchestrator.commands.cluster_cmds:wait",
     "delete": "orchestrator.commands.cluster_cmds:delete",
     "top": "orchestrator.commands.top_cmd:top",
+    "stacks": "orchestrator.commands.top_cmd:stacks",
     "build": "orchestrator.commands.build_cmds:build",
     "doctor": "orchestrator.commands.build_cmds:doctor",
 }

@@ -1,4 +1,5 @@
-"""`orch top NAME`: a live per-rank / per-GPU table from Prometheus or from a local run's exporter."""
+"""`orch top NAME`: a live per-rank / per-GPU table from Prometheus or from a local run's exporter; `orch stacks
+NAME`: every live rank's Python stack, for a job that is slow rather than dead."""
 
 from __future__ import annotations
 
@@ -110,3 +111,27 @@ def top(
             click.echo(view(snapshot))
     except KeyboardInterrupt:
         return
+
+
+@click.command()
+@click.argument("name", callback=checked_job_name)
+@click.option("--local", "local", is_flag=True, help="The live `orch run` of NAME on this machine.")
+def stacks(name: str, local: bool) -> None:
+    """Print the Python stack (every thread) of each live rank of job NAME: where a slow or stuck job is.
+
+    With py-spy installed (`pip install py-spy`) it reads each process from outside, native frames too;
+    otherwise each rank writes its own stack on SIGUSR1 (Python's faulthandler, which the trainer registers),
+    into OUT/stacks/rank-N.txt. --local: the live `orch run` of NAME on this machine.
+
+    \b
+    Example:
+      orch stacks digits-ddp --local
+    """
+    from orchestrator import api
+
+    if not local:
+        from orchestrator.errors import UsageError
+
+        raise UsageError("orch stacks reads a live `orch run` of NAME: add --local")
+    for stack in api.local_stacks(name):
+        click.echo(stack.block())

@@ -77,7 +77,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     endpoint_file = _metrics_endpoint(env, local.output_dir) if local.train is not None else None
     env.update({worker.LAUNCHER_PID: str(os.getpid()), worker.LOG_DIR: str(log_dir.resolve())})
     # The goodput journal's start, when this is the job's first run (a resumed OUT keeps the first run's).
-    env[runtime_env.JOB_STARTED] = repr(time.time())
+    launched = time.time()
+    env[runtime_env.JOB_STARTED] = repr(launched)
     # the log keeps every line; the console drops the ones the progress bar shows
     env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:
@@ -120,7 +121,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
             try:
                 elastic_launch(config, entrypoint)(*args)
             except ChildFailedError as error:
-                raise RunFailed(_failure_message(error, local, log_dir)) from None
+                hang = _hang_line(local.output_dir, since=launched)
+                raise RunFailed(hang + _failure_message(error, local, log_dir)) from None
             except (SignalException, KeyboardInterrupt):
                 stopped_at = _stopped_at(progress_file) if progress_file is not None else None
                 if stopped_at is None:
@@ -182,6 +184,16 @@ def _stopped_at(progress_file: Path) -> int | None:
                 elif event.get("event") == "stopped":
                     step = int(event["step"])
     return step
+
+
+def _hang_line(output_dir: Path, *, since: float) -> str:
+    """The hang verdict a rank wrote during this run (OUT/hang.json, orchestrator/trainer/heartbeat.py), as
+    the start of the failure line: which ranks stopped, at which step and phase; '' without one."""
+    verdict = outputs.read_json(output_dir / outputs.HANG)
+    at, line = verdict.get("at"), verdict.get("line")
+    if not isinstance(at, (int, float)) or at < since or not isinstance(line, str):
+        return ""
+    return f"{line}, every rank's stack in its log; "
 
 
 def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:

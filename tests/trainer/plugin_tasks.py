@@ -132,3 +132,22 @@ def held_in(directory: str, step: int, release: str, **synthetic_args) -> Task:
     task = synthetic.make(**synthetic_args)
     task.train_dataset = HeldAfter(task.train_dataset, Path(directory, f"step-{step:08d}"), Path(release))
     return task
+
+
+def stops_at_step(rank: int, step: int, accumulation: int, **synthetic_args) -> Task:
+    """The synthetic task; rank `rank` stops in the forward pass of optimizer step `step` (a sleep: its other
+    threads go on), once it wrote the time to ORCH_OUTPUT_DIR/stopped-RANK."""
+    task = synthetic.make(**synthetic_args)
+    if int(os.environ["RANK"]) != rank:
+        return task
+    loss_fn, calls = task.loss_fn, [0]
+
+    def stopping(outputs, targets):
+        calls[0] += 1
+        if calls[0] == (step - 1) * accumulation + 1:  # the first micro-batch of `step`
+            Path(os.environ["ORCH_OUTPUT_DIR"], f"stopped-{rank}").write_text(repr(time.time()))
+            time.sleep(3600)
+        return loss_fn(outputs, targets)
+
+    task.loss_fn = stopping
+    return task
