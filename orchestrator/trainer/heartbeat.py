@@ -32,11 +32,14 @@ import time
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import outputs, stacks
 from orchestrator.trainer.journal import NullJournal
 from orchestrator.trainer.timeline import Timeline
+
+if TYPE_CHECKING:
+    from orchestrator.trainer.metrics import Meter
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +64,10 @@ class Heartbeat:
         output_dir: Path,
         kept: Any,
         journal: NullJournal,
+        meter: Meter,
     ) -> None:
         self.timeline, self.rank, self.world_size, self.journal = timeline, rank, world_size, journal
+        self.meter = meter
         self.prefix = f"{store_prefix}/heartbeat"
         self.interval, self.stall_after = intervals(collective_timeout)
         self.stale_after = 3 * self.interval + 1.0
@@ -88,6 +93,9 @@ class Heartbeat:
         failures = 0
         while not self._stopping.wait(self.interval):
             self.journal.flush()
+            result = self.journal.account()  # rank 0's; None elsewhere
+            if result is not None:
+                self.meter.on_goodput(result)
             try:
                 store = store or _connect()
                 self._beat(store)

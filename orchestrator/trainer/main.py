@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_request.install()
     failed = True
     # Rank 0's goodput journal; every rank's heartbeat (hang verdicts) and its stack on demand (orch stacks).
-    journal, heartbeat = watch(timeline, cfg, runtime, world)
+    journal, heartbeat = watch(timeline, cfg, runtime, world, meter)
     try:
         # The training body is its own function so that the model, DDP's reducer and their references to
         # the process group are gone before it is destroyed (a gloo group freed later can abort the process).
@@ -529,7 +529,7 @@ def write_results(
 ) -> None:
     """Rank 0: model.pt and summary.json in the output directory (and the store), the tracker's artifacts."""
     from orchestrator import storage
-    from orchestrator.trainer import checkpoint
+    from orchestrator.trainer import checkpoint, tracking
 
     output_dir, tracking_env = trainer.output_dir, trainer.runtime.tracking
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -539,6 +539,12 @@ def write_results(
     goodput = journal.account()
     summary["goodput"] = goodput.to_dict() if goodput is not None else None
     outputs.write_json(output_dir / outputs.SUMMARY, summary)
+    if goodput is not None:  # MLflow / TensorBoard: summary.json's goodput/ratio and badput/CAUSE seconds
+        shown = summary["goodput"]
+        trainer.tracker.log_metrics(summary["steps"], {
+            **tracking.prefixed("goodput", {"ratio": shown["ratio"], "seconds": shown["goodput_seconds"]}),
+            **tracking.prefixed("badput", shown["badput_seconds"]),
+        })  # fmt: skip
     if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
         tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
         model = [outputs.MODEL] if final_model is not None else []
@@ -552,7 +558,7 @@ def write_results(
 
 
 def watch(
-    timeline: Timeline, cfg: TrainSpec, runtime: RuntimeEnv, world: Dist
+    timeline: Timeline, cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, meter: Meter
 ) -> tuple[NullJournal, Heartbeat]:
     """Rank 0's goodput journal (OUT/goodput/ and the store's copy); every rank's heartbeat thread, started
     (it also writes the journal every few seconds); every rank's stack on SIGUSR1 (orch stacks)."""
@@ -565,6 +571,7 @@ def watch(
     beat = heartbeat.Heartbeat(
         timeline, rank=world.rank, world_size=world.world_size, store_prefix=world.store_prefix,
         collective_timeout=cfg.collective_timeout, output_dir=output_dir, kept=kept, journal=records,
+        meter=meter,
     )  # fmt: skip
     beat.start()
     heartbeat.register_stacks(output_dir, world.rank)

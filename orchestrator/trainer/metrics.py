@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
+    from orchestrator.goodput import Goodput
     from orchestrator.runtime_env import RuntimeEnv
     from orchestrator.trainer import gpu
     from orchestrator.trainer.gpu import GpuCollector
@@ -165,6 +166,8 @@ class Meter(Protocol):
 
     def on_task_metrics(self, values: dict[str, float]) -> None: ...
 
+    def on_goodput(self, result: Goodput) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -184,6 +187,9 @@ class NullMetrics:
 
     def on_task_metrics(self, values: dict[str, float]) -> None:
         """The task's own numbers (Task.on_log / on_eval) as orch_task_metric{name=...}."""
+
+    def on_goodput(self, result: Goodput) -> None:
+        """Rank 0, every few seconds (the heartbeat's thread): the job's goodput so far (goodput.py)."""
 
     def close(self) -> None:
         pass
@@ -293,6 +299,19 @@ PEAK_FLOPS_UNKNOWN = Series(
     by=("device_name",),
 )
 RANK_INFO = Series("orch_rank_info", "Where a rank runs (value 1)", by=("hostname", "device", "gpu_uuid"))
+# The job's, written by rank 0 from its goodput journal (every attempt so far: a restarted job's counters go on
+# from its total, not from 0).
+GOODPUT_SERIES = (
+    Series(
+        "orch_goodput_ratio", "Share of the job's wall time in steps that count toward its final model (0-1)"
+    ),
+    Series(
+        "orch_badput_seconds",
+        "Seconds of the job's wall time lost, by cause (goodput.CAUSES)",
+        "counter",
+        by=("cause",),
+    ),  # fmt: skip
+)
 
 
 class PrometheusMetrics(NullMetrics):
@@ -310,8 +329,13 @@ class PrometheusMetrics(NullMetrics):
         # labels of its own (`by`) is bound when written.
         self._series = {
             series.name: self._declare(series)
-            for series in (*TRAINING_SERIES, *(CUDA_SERIES if self._cuda else ()))
+            for series in (
+                *TRAINING_SERIES,
+                *(CUDA_SERIES if self._cuda else ()),
+                *(GOODPUT_SERIES if config.rank == 0 else ()),  # the job's: one writer
+            )
         }
+        self._badput_seen: dict[str, float] = {}
         if config.collective_timeout_seconds:
             self._declare(COLLECTIVE_TIMEOUT).set(config.collective_timeout_seconds)
         if config.peak_flops:
@@ -441,6 +465,19 @@ class PrometheusMetrics(NullMetrics):
     def on_task_metrics(self, values: dict[str, float]) -> None:
         for name, value in values.items():
             self._series["orch_task_metric"].labels(**self._labels, name=name).set(value)
+
+    def on_goodput(self, result: Goodput) -> None:
+        if "orch_goodput_ratio" not in self._series:
+            return
+        try:
+            self._series["orch_goodput_ratio"].set(result.ratio)
+            badput = self._series["orch_badput_seconds"]
+            for cause, seconds in result.badput_seconds.items():
+                seen = self._badput_seen.get(cause, 0.0)
+                badput.labels(**self._labels, cause=cause).inc(max(0.0, seconds - seen))
+                self._badput_seen[cause] = max(seen, seconds)
+        except Exception as error:  # never let a metric take training down
+            log.warning("goodput metrics update failed: %s", error)
 
     def close(self) -> None:
         if self._gpu is not None:

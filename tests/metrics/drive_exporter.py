@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, when run as a script
 
+from orchestrator import goodput  # noqa: E402
 from orchestrator.runtime_env import RuntimeEnv  # noqa: E402
 from orchestrator.trainer.metrics import build_metrics  # noqa: E402
 from orchestrator.trainer.report import StepStats, Workload  # noqa: E402
@@ -77,6 +78,11 @@ def main() -> int:
             )
         )
         samples, tokens = samples + 32, tokens + 32 * 128
+        # what rank 0's heartbeat thread does every few seconds: the job's goodput so far (every rank calls it
+        # here; only rank 0's exporter writes the job's series)
+        metrics.on_goodput(goodput.Goodput(started=0.0, as_of=float(step), goodput_seconds=0.5 * step,
+                                           badput_seconds={**dict.fromkeys(goodput.CAUSES, 0.0),
+                                                           "data_loading_sync": 0.25 * step}))  # fmt: skip
         if step == 1:  # as parallel.MemoryMeter publishes after the first optimizer step
             size = 1000 * (args.rank + 1)
             metrics.set_memory(parameter_bytes=size, gradient_bytes=size, optimizer_bytes=2 * size,

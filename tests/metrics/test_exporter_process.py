@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from orchestrator import goodput
 from orchestrator.runtime_env import RuntimeEnv
 from orchestrator.trainer.metrics import NullMetrics, build_metrics
 from orchestrator.trainer.report import StepStats, Workload
@@ -83,6 +84,11 @@ def test_local_ranks_share_one_endpoint_and_counts_add_up(tmp_path):
         # ... and the metrics say why, per rank
         unknown = {lab["rank"]: (lab["device_name"], v) for lab, v in series["orch_train_peak_flops_unknown"]}
         assert unknown == {"0": ("cpu", 1.0), "1": ("cpu", 1.0)}
+        # the job's goodput: rank 0's alone; the counter holds the job's total, not a sum of totals (#31)
+        assert [(lab["rank"], v) for lab, v in series["orch_goodput_ratio"]] == [("0", 0.5)]
+        badput = {(lab["rank"], lab["cause"]): v for lab, v in series["orch_badput_seconds_total"]}
+        assert badput == {("0", cause): (0.25 * 20 if cause == "data_loading_sync" else 0.0)
+                          for cause in goodput.CAUSES}  # fmt: skip
     finally:
         stop.touch()
     for p in ranks:

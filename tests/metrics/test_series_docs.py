@@ -15,6 +15,7 @@ DECLARED = (
     metrics.PEAK_FLOPS,
     metrics.PEAK_FLOPS_UNKNOWN,
     metrics.RANK_INFO,
+    *metrics.GOODPUT_SERIES,
 )
 
 

@@ -64,6 +64,18 @@ class DemoAndResume:
     first_links: dict
     second: Run
     second_steps: list[dict]
+    first_goodput: dict
+
+    def goodput_history(self, kind=float) -> dict[str, list]:
+        """What each run logs as it ends: summary.json's goodput (#31), at its last step."""
+        ends = [(50, self.first_goodput), (100, self.second.summary["goodput"])]
+        history = {
+            "goodput/ratio": [(step, kind(g["ratio"])) for step, g in ends],
+            "goodput/seconds": [(step, kind(g["goodput_seconds"])) for step, g in ends],
+        }
+        for cause in self.first_goodput["badput_seconds"]:
+            history[f"badput/{cause}"] = [(step, kind(g["badput_seconds"][cause])) for step, g in ends]
+        return history
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +88,12 @@ def demo_and_resume(_session_mlflow_server, tmp_path_factory) -> DemoAndResume:
     first = run_digits(out, 50, *sets)
     first_steps, first_train = events(out, "step"), json.loads((out / "train.json").read_text())
     first_eval = first.summary["eval"]  # read now: the second run rewrites summary.json
+    first_goodput = first.summary["goodput"]
     first_links = json.loads((out / outputs.LINKS).read_text())
     second = run_digits(out, 100, *sets)  # the same --out: resumes from step 50
     second_steps = events(out, "step")[len(first_steps) :]  # progress.jsonl keeps every run's (appended)
-    return DemoAndResume(out, first, first_steps, first_train, first_eval, first_links, second, second_steps)
+    return DemoAndResume(out, first, first_steps, first_train, first_eval, first_links, second, second_steps,
+                         first_goodput)  # fmt: skip
 
 
 def test_mlflow_records_the_demo_and_its_resume_as_one_run(demo_and_resume, mlflow_server, tmp_path):
@@ -122,6 +136,7 @@ def test_mlflow_records_the_demo_and_its_resume_as_one_run(demo_and_resume, mlfl
         **{f"train/{key}": [(e["step"], e[key]) for e in steps] for key in TRAIN_KEYS},
         "eval/loss": [(50, first_eval["loss"]), (100, second.summary["eval"]["loss"])],
         "eval/accuracy": [(50, first_eval["accuracy"]), (100, second.summary["eval"]["accuracy"])],
+        **demo.goodput_history(),
     }
     # ... and the log lines show the same numbers
     assert [line.split("  ")[1] for line in second.stdout.splitlines() if line.startswith("step ")] == [
@@ -153,6 +168,7 @@ def test_tensorboard_records_the_demo_and_its_resume(demo_and_resume):
             (50, f32(first_eval["accuracy"])),
             (100, f32(second.summary["eval"]["accuracy"])),
         ],
+        **demo.goodput_history(f32),
     }
 
 
