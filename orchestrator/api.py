@@ -51,6 +51,7 @@ __all__ = [
     "build_image",
     "load_job",
     "load_sweep",
+    "local_stacks",
     "render",
     "run_local",
     "top",

@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if refused:
             print(f"orch: {refused}", file=sys.stderr, flush=True)
             return RETRIES_EXHAUSTED
+    set_worker_env(os.environ)
     # Until torch's agent installs its own handlers (when it starts the workers), a SIGTERM during the
     # rendezvous ends this process the same way; as PID 1 it would otherwise be ignored until SIGKILL.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -213,6 +215,13 @@ def _node_rank() -> int:
     """This pod's node rank where the controller says it (a static rendezvous's PET_NODE_RANK), else -1."""
     value = os.environ.get("PET_NODE_RANK", "")
     return int(value) if value.isdigit() else -1
+
+
+def set_worker_env(environ: MutableMapping[str, str]) -> None:
+    """What the ranks inherit from this launcher besides the pod's env: NCCL's flight recorder, dumping
+    into the output directory (outputs.nccl_trace_env), where the job's env does not say otherwise."""
+    for name, value in outputs.nccl_trace_env(environ.get(outputs.ENV) or ".").items():
+        environ.setdefault(name, value)
 
 
 if __name__ == "__main__":

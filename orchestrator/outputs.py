@@ -87,6 +87,24 @@ def rank_stacks(output_dir: Path | str, rank: int | str) -> tuple[Path, Path]:
     return folder / f"rank-{rank}.json", folder / f"rank-{rank}.txt"
 
 
+def nccl_trace_env(output_dir: Path | str) -> dict[str, str]:
+    """NCCL's flight recorder, as both launchers set it for the ranks unless the job's env does: the last
+    NCCL_TRACE_ENTRIES collectives of each rank in a ring buffer, dumped to NCCL_TRACES/rank_N when a
+    collective times out (`python -m torch.distributed.flight_recorder.fr_trace NCCL_TRACES` reads them).
+    Both spellings of the dump's path: TORCH_FR_DUMP_TEMP_FILE (torch 2.7+), TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+    (before). Nothing is recorded on gloo."""
+    prefix = str(Path(output_dir) / NCCL_TRACES / "rank_")
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(NCCL_TRACE_ENTRIES),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+    }
+
+
+NCCL_TRACE_ENTRIES = 2000
+
+
 def error_file(log_dir: Path, attempt: int | str, rank: int | str) -> Path:
     """Where torch's @record writes a failed rank's exception: LOGS/errors/attempt-K/rank-N.json."""
     return attempt_errors(log_dir, attempt) / f"rank-{rank}.json"

@@ -98,6 +98,9 @@ def init(*, timeout: timedelta) -> Dist:
         # A collective that fails or outlives `timeout` tears the process down instead of hanging
         # (3: without ncclCommAbort, which can itself hang; torch's default since 2.2, spelled out here).
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        # The flight recorder's dumps (set by the launchers: outputs.nccl_trace_env) need their folder.
+        if env.get("TORCH_FR_DUMP_TEMP_FILE"):
+            os.makedirs(os.path.dirname(env["TORCH_FR_DUMP_TEMP_FILE"]), exist_ok=True)
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not env.get("MASTER_ADDR"):  # a plain `python -m orchestrator.trainer`: a group of one

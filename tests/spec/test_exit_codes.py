@@ -205,3 +205,16 @@ def test_a_sigkill_seen_with_a_raise_is_the_cause_unless_the_agent_sent_it_after
     # rank 0 raised; rank 1 ignored the agent's SIGTERM and was SIGKILLed after the shutdown timeout
     assert launch.exit_code({0: Failure(1, 100), 1: Failure(-signal.SIGKILL, 131)}) == 1
     assert launch.exit_code({0: Failure(1, 100), 1: Failure(-signal.SIGTERM, 100)}) == 1
+
+
+def test_the_pod_launcher_turns_on_nccls_flight_recorder_dumping_into_the_output_dir():
+    """#31: env only (no GPU here): what the ranks inherit; a value the job's env sets is kept."""
+    env = {"ORCH_OUTPUT_DIR": "/orch/output", "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    launch.set_worker_env(env)
+    assert env == {
+        "ORCH_OUTPUT_DIR": "/orch/output",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": "/orch/output/nccl-traces/rank_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/orch/output/nccl-traces/rank_",
+    }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator import outputs
 from tests.trainer.conftest import ORCH as ORCH_CMD
 from tests.trainer.conftest import REPO, Run, job, orch_run, write_job
 
@@ -137,7 +138,7 @@ def test_training_job_output_layout_and_plain_log_lines(run_job, tmp_path, monke
     spec = job(
         "layout",
         task="tests.trainer.plugin_tasks:env_probe",  # the synthetic task, recording the trainer's env
-        task_args={"names": ["PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS"]},
+        task_args={"names": ["PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", *outputs.nccl_trace_env(".")]},
         eval_every=6,
         checkpoint={"every_steps": 4, "keep": 2},
     )
@@ -159,6 +160,7 @@ def test_training_job_output_layout_and_plain_log_lines(run_job, tmp_path, monke
     assert json.loads((out / "env.json").read_text()) == {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)),
+        **outputs.nccl_trace_env(out.resolve()),  # NCCL's flight recorder, dumping into OUT (#31)
     }
     # Not a terminal: plain lines every log_every steps, the evals, and the result last.
     assert "\r" not in run.stdout
