@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from benchmarks import cli, cluster, data_order, sweep, training
 from benchmarks.harness import BenchError
 
-SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data", "cluster", "sweep")
+SECTIONS = ("trainer", "accum", "workload", "cli", "startup", "data", "cluster", "sweep", "goodput")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             results["data"] = data_order.order_cost(steps=50 if quick else 200)
         if "sweep" in sections:
             results["sweep"] = sweep.overhead(trials=3 if quick else 6)
+        if "goodput" in sections:
+            results["goodput"] = training.goodput_overhead(
+                rounds=1 if quick else 5, steps=40 if quick else 120
+            )
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

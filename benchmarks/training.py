@@ -321,3 +321,82 @@ def workload(*, rounds: int, steps: int, accumulation: int = 4) -> dict[str, Any
         print(f"  {label}: wall {ratio(result['ratios'][label])}, CPU {ratio(result['cpu_ratios'][label])}")
     print("  target: orch >= 1.00x the bare loop's speed (ratio <= 1.00x) under DDP and under FSDP")
     return result
+
+
+def goodput_overhead(*, rounds: int, steps: int) -> dict[str, Any]:
+    """12. What the goodput accounting and the hang heartbeat cost per step: orch with them (the default,
+    and a heartbeat every 0.5 s, its fastest) beside orch without them (ORCH_HEARTBEAT=0), taking turns; and
+    the loop's phase marks, which stay in both, timed in process (a step's marks)."""
+    import timeit
+
+    from orchestrator.trainer.timeline import Timeline
+
+    workdir = harness.scratch_dir("orch-bench-cfg-")
+    base = harness.train_config(world=WORLD, accumulation=1, steps=steps)
+    default = _write(base, workdir, "default.json")
+    fastest = _write({**base, "collective_timeout": 10}, workdir, "fastest.json")  # heartbeats every 0.5 s
+    env = dict(ORCH_METRICS_PORT=None, ORCH_JOB_NAME="bench", **PIN)
+    on, fast, off, control = ("orch, heartbeat + journal", "orch, heartbeat every 0.5 s",
+                              "orch, neither (ORCH_HEARTBEAT=0)", "orch, neither, again (control)")  # fmt: skip
+    variants: dict[str, tuple[list[str], dict[str, str], int | None]] = {
+        on: (harness.torchrun(WORLD, "orchestrator.trainer", "--config", default), harness.base_env(**env), None),
+        fast: (harness.torchrun(WORLD, "orchestrator.trainer", "--config", fastest), harness.base_env(**env), None),
+        off: (harness.torchrun(WORLD, "orchestrator.trainer", "--config", default),
+              harness.base_env(ORCH_HEARTBEAT="0", **env), None),
+    }  # fmt: skip
+    variants[control] = variants[off]
+    runs: dict[str, list[harness.Run]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_index in range(rounds):
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
+        round_runs = harness.run_in_turns(
+            {name: variants[name] for name in order}, accumulation=1, steps=steps,
+            warmup=WARMUP_STEPS, turn_steps=TURN_STEPS,
+        )  # fmt: skip
+        for name, run in round_runs.items():
+            runs[name].append(run)
+
+    def best(name: str, clock: str = "step") -> float:
+        return min(getattr(r, f"median_{clock}") for r in runs[name])
+
+    # The marks of one step with accumulation 1, as the loop and train_step make them.
+    timeline = Timeline()
+
+    def one_step() -> None:
+        with timeline.step(1):
+            with timeline.phase("data"):
+                pass
+            with timeline.phase("forward"):
+                pass
+            with timeline.phase("backward"):
+                pass
+            with timeline.phase("optimizer"):
+                pass
+
+    repeats = 20_000
+    marks = min(timeit.repeat(one_step, number=repeats, repeat=5)) / repeats
+    rows = [[name, ms(best(name)), ratio(best(name) / best(off)), ms(best(name, "cpu")),
+             ratio(best(name, "cpu") / best(off, "cpu"))] for name in names]  # fmt: skip
+    result = {
+        "best_step_seconds": {name: best(name) for name in names},
+        "best_cpu_seconds": {name: best(name, "cpu") for name in names},
+        "ratio_vs_off": {name: best(name) / best(off) for name in names},
+        "cpu_ratio_vs_off": {name: best(name, "cpu") / best(off, "cpu") for name in names},
+        "marks_seconds_per_step": marks,
+        "marks_share_of_step": marks / best(off),
+        "rounds": rounds,
+        "steps": steps,
+    }
+    print(f"\n== 12. Goodput accounting and hang heartbeat: time per optimizer step ({WORLD} processes, "
+          f"CPU/gloo, fp32, micro-batch {harness.MICRO_BATCH}, {steps} steps/run, turns of {TURN_STEPS} steps, "
+          f"{rounds} rounds)")  # fmt: skip
+    print(table(["loop", "best run", "vs neither", "CPU/step, best", "vs neither"], rows))
+    print(
+        f"  target: < 1% of step time -> heartbeat + journal {ratio(result['ratio_vs_off'][on])} wall, "
+        f"{ratio(result['cpu_ratio_vs_off'][on])} CPU; noise floor {ratio(result['ratio_vs_off'][control])}"
+    )
+    print(
+        f"  the phase marks (in both): {marks * 1e6:.2f} us per step = "
+        f"{100 * result['marks_share_of_step']:.3f}% of the step"
+    )
+    return result

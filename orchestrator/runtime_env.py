@@ -52,6 +52,7 @@ FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benc
 # stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md)
 OBJECTIVE = "ORCH_OBJECTIVE"
 PRUNE_FILE = "ORCH_PRUNE_FILE"
+HEARTBEAT = "ORCH_HEARTBEAT"  # "0": no heartbeat thread and no goodput journal (benchmark 12 measures them)
 JOB_STARTED = "ORCH_JOB_STARTED"  # `orch run`: when the job started (Unix time), the goodput journal's start
 
 # --- tracking: job.yaml's `tracking:` section, for orchestrator.trainer.tracking -------------------------
@@ -200,6 +201,8 @@ class RuntimeEnv:
     """`orch sweep`: the metric (eval/loss, train/loss) written to OUT/objective.json; None: no file."""
     prune_file: str | None = None
     """`orch sweep`, local trials: the file whose appearance stops the run as pruned; None: never pruned."""
+    heartbeat: bool = True
+    """False: no heartbeat thread (no hang verdicts) and no goodput journal; the loop's marks stay."""
     job_started: float | None = None
     """When the job started (`orch run`'s launch), for the goodput journal's first attempt; None: the first
     attempt's own start (a pod: `orch status` adds the time before the pods from the cluster's objects)."""
@@ -253,6 +256,8 @@ class RuntimeEnv:
             env[OBJECTIVE] = self.objective
         if self.prune_file is not None:
             env[PRUNE_FILE] = self.prune_file
+        if not self.heartbeat:
+            env[HEARTBEAT] = "0"
         if self.job_started is not None:
             env[JOB_STARTED] = repr(self.job_started)
         env.update(self.tracking.to_env())
@@ -277,6 +282,7 @@ class RuntimeEnv:
             tracking=TrackingSettings.from_environ(env),
             objective=env.get(OBJECTIVE) or None,
             prune_file=env.get(PRUNE_FILE) or None,
+            heartbeat=env.get(HEARTBEAT, "1") != "0",
             job_started=_number(env, JOB_STARTED, minimum=0),
         )
 

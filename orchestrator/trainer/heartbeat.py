@@ -50,7 +50,17 @@ def intervals(collective_timeout: float) -> tuple[float, float]:
     return min(5.0, max(0.5, collective_timeout / 20)), collective_timeout / 2
 
 
-class Heartbeat:
+class NullHeartbeat:
+    """No heartbeat (ORCH_HEARTBEAT=0: benchmark 12's comparison)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class Heartbeat(NullHeartbeat):
     """One rank's heartbeat thread (`start`, `stop`)."""
 
     def __init__(

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.trainer.config import OptimizerSpec, TrainSpec
     from orchestrator.trainer.data import Layout, ShardedStream
     from orchestrator.trainer.dist import Dist
-    from orchestrator.trainer.heartbeat import Heartbeat
+    from orchestrator.trainer.heartbeat import NullHeartbeat
     from orchestrator.trainer.journal import NullJournal
     from orchestrator.trainer.metrics import Meter
     from orchestrator.trainer.objective import ObjectiveReport
@@ -559,11 +559,13 @@ def write_results(
 
 def watch(
     timeline: Timeline, cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, meter: Meter
-) -> tuple[NullJournal, Heartbeat]:
+) -> tuple[NullJournal, NullHeartbeat]:
     """Rank 0's goodput journal (OUT/goodput/ and the store's copy); every rank's heartbeat thread, started
     (it also writes the journal every few seconds); every rank's stack on SIGUSR1 (orch stacks)."""
     from orchestrator.trainer import heartbeat, journal
 
+    if not runtime.heartbeat:  # ORCH_HEARTBEAT=0 (benchmarks): the loop's marks only
+        return journal.NullJournal(), heartbeat.NullHeartbeat()
     output_dir = Path(runtime.output_dir)
     kept = kept_location(runtime)
     records = journal.build(timeline, enabled=world.is_main, output_dir=output_dir, kept=kept,
