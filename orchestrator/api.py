@@ -454,7 +454,9 @@ class Client:
 
         name = _job_name("Client.status", name)
         state = cluster.job_status(self.cluster(lean=True), name)
-        return dataclasses.replace(state, straggler=top.find_straggler(name, namespace=state.namespace))
+        return dataclasses.replace(
+            state, straggler=top.find_straggler(name, namespace=state.namespace), **_journal(state)
+        )
 
     def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""
@@ -632,6 +634,59 @@ def _build_layer(
         f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}{'; pushed' if push else ''})"
     )
     return layer.ref
+
+
+def _journal(state: JobStatus) -> dict[str, Any]:
+    """What the job's goodput journal and hang verdict in output.url say (JobStatus's goodput, goodput_note,
+    hang, milestones): read with this shell's credentials for the store (AWS_*, as `orch run` reads them),
+    within ~15 s; the accounting starts at the job's creation, its queue's admission from the Workload. A
+    journal that cannot be read is a note, never a failed `orch status`."""
+    import json
+
+    from orchestrator import goodput, outputs, storage
+    from orchestrator.kube import read
+
+    if not state.output_url:
+        return {
+            "goodput_note": "the goodput journal is in the pods' output folder: set output.url to see it here"
+        }
+    try:
+        files = storage.small_files(state.output_url, (outputs.HANG,), under=outputs.GOODPUT)
+    except storage.StorageError as error:
+        return {"goodput_note": f"goodput unknown: {error}"}
+    journal = {name.removeprefix(f"{outputs.GOODPUT}/"): text for name, text in files.items()}
+    _, attempts = goodput.read_records(journal)
+
+    def unix(stamp: str | None) -> float | None:
+        parsed = read.parse_time(stamp)
+        return parsed.timestamp() if parsed is not None else None
+
+    result = goodput.account(attempts, job_started=unix(state.milestones.get("created")),
+                             admitted=unix(state.milestones.get("admitted")))  # fmt: skip
+    hang = None
+    if outputs.HANG in files:
+        try:
+            hang = json.loads(files[outputs.HANG])
+        except ValueError:
+            hang = None
+    milestones = dict(state.milestones)
+    firsts = [a.kept[0]["at"] for a in attempts if a.kept]
+    if firsts:
+        milestones["first_step"] = _stamp(min(firsts))
+    return {
+        "goodput": result.to_dict() if result is not None else None,
+        "goodput_note": ""
+        if result is not None
+        else f"no attempt has written to {state.output_url}/goodput/ yet",
+        "hang": hang if isinstance(hang, dict) and isinstance(hang.get("line"), str) else None,
+        "milestones": milestones,
+    }
+
+
+def _stamp(unix: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback) -> str:

@@ -235,6 +235,8 @@ def account(
             counted = _kept_part(attempt, following.resumed_from or 0)
             lost_steps += max(0, attempt.step - (following.resumed_from or 0))
         wasted = max(0.0, sum(attempt.phases.values()) - sum(counted.values()))
+        if following is not None:  # clocks of two hosts disagree: the record outlasts the next start
+            wasted = max(0.0, wasted - max(0.0, attempt.end - following.started))
         badput[WASTED] += wasted
         for phase, seconds in counted.items():
             cause = PHASES[phase]
@@ -277,12 +279,15 @@ def read_journal(folder: Any) -> tuple[float | None, list[Attempt]]:
         names = sorted(p.name for p in folder.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return None, []
+    texts = {name: _read(folder / name) for name in names}
+    return read_records({name: text for name, text in texts.items() if text is not None})
+
+
+def read_records(texts: Mapping[str, str]) -> tuple[float | None, list[Attempt]]:
+    """`read_journal` of the journal's files given as {name: text} (an object store's, read by the caller)."""
     job_started = None
     attempts = []
-    for name in names:
-        text = _read(folder / name)
-        if text is None:
-            continue
+    for name, text in sorted(texts.items()):
         try:
             record = json.loads(text)
         except ValueError:

@@ -106,6 +106,12 @@ class JobStatus:
     )  # what its queue says (kueue_waiting, podgroup_waiting)
     straggler: Straggler | None = None  # where Prometheus is configured and one rank holds the others
     suspected_nodes: list[SuspectedNode] = field(default_factory=list)  # what its hardware failures point at
+    milestones: dict[str, str] = field(
+        default_factory=dict
+    )  # created, admitted (its queue), pods_ready, first_step: where the time before training went (#31)
+    goodput: dict[str, Any] | None = None  # goodput.Goodput.to_dict(), read from the journal (output.url)
+    goodput_note: str = ""  # why there is no goodput: no output.url, or the store could not be read
+    hang: dict[str, Any] | None = None  # the hang verdict a rank wrote (output.url/hang.json), if any
 
     @property
     def finished(self) -> bool:
@@ -145,6 +151,7 @@ def job_status(
     events: Sequence[Any] = (),
     *,
     waiting: dict[str, Any] | None = None,
+    workloads: Sequence[Any] = (),
 ) -> JobStatus:
     condition = api.phase_condition(job, pods)
     return JobStatus(
@@ -165,6 +172,7 @@ def job_status(
         output_url=read.text(read.dig(job, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL)),
         waiting=waiting or {},
         suspected_nodes=suspected_nodes(api, job, pods),
+        milestones=milestones(job, pods, workloads),
     )
 
 
@@ -216,6 +224,28 @@ def _hosts(pod: Any) -> set[str]:
     """The host names a pod's processes see: its spec.hostname (JobSet's pods), else its name."""
     return {name for name in (read.text(read.dig(pod, "spec", "hostname")),
                               read.text(read.dig(pod, "metadata", "name"))) if name}  # fmt: skip
+
+
+def milestones(job: Any, pods: Sequence[Any], workloads: Sequence[Any] = ()) -> dict[str, str]:
+    """When the job was created, admitted by its queue (its Kueue Workload's Admitted=True condition) and had
+    every pod ready (the latest Ready=True among its current pods: after a whole-job restart, the new
+    pods'), RFC 3339; a step not taken yet (or not known) is left out. Where a job's time went before the
+    trainer ran: the goodput record's start."""
+    found = {"created": read.text(read.dig(job, "metadata", "creationTimestamp"))}
+    for workload in workloads:
+        for condition in read.conditions(workload) or []:
+            if condition.get("type") == "Admitted" and condition.get("status") == "True":
+                found["admitted"] = read.text(condition.get("lastTransitionTime"))
+    ready = [
+        read.text(c.get("lastTransitionTime"))
+        for pod in pods
+        for c in read.conditions(pod) or []
+        if c.get("type") == "Ready" and c.get("status") == "True"
+    ]
+    times = [t for t in map(read.parse_time, ready) if t is not None]
+    if pods and len(times) == len(pods):
+        found["pods_ready"] = max(times).isoformat().replace("+00:00", "Z")
+    return {key: value for key, value in found.items() if read.parse_time(value) is not None}
 
 
 # --- why a job waits: its queue (Kueue) or gang scheduler (Volcano) ----------------------------------------

@@ -176,6 +176,35 @@ def object_store(
     return store, (match["prefix"] or "").strip("/")
 
 
+def small_files(url: str, names: tuple[str, ...] = (), *, under: str = "") -> dict[str, str]:
+    """The text of small objects below `url` for a reader that must not wait for minutes (`orch status`):
+    each of `names`, and every object under the prefix `under`, by its path relative to `url`; a missing one
+    is left out. Requests time out after PROBE_REQUEST_SECONDS, retries stop after PROBE_SECONDS; errors are
+    StorageError with `describe`'s phrase."""
+    import obstore
+
+    store, key = object_store(url, request_seconds=PROBE_REQUEST_SECONDS,
+                              retry_seconds=PROBE_SECONDS - PROBE_REQUEST_SECONDS)  # fmt: skip
+    base = f"{key}/" if key else ""
+    found: dict[str, str] = {}
+    started = time.monotonic()
+    try:
+        paths = [base + name for name in names]
+        if under:
+            paths += [
+                meta["path"] for batch in obstore.list(store, prefix=base + under + "/") for meta in batch
+            ]
+        for path in paths:
+            try:
+                found[path[len(base) :]] = bytes(obstore.get(store, path).bytes()).decode(errors="replace")
+            except FileNotFoundError:
+                continue
+    except Exception as error:  # obstore's errors carry the whole HTTP exchange: one phrase of it
+        waited = round(time.monotonic() - started)
+        raise StorageError(f"cannot read {url}: {describe(error, waited=waited)}") from error
+    return found
+
+
 def endpoint(scheme: str) -> tuple[str, str] | None:
     """The endpoint an `s3://` request goes to and the variable that set it (redacted); None for AWS's own
     (no variable set) and for the other schemes, whose endpoints obstore derives."""

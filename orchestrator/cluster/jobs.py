@@ -90,8 +90,10 @@ def job_status(cluster: Cluster, name: str) -> status.JobStatus:
     pods = job_pods(cluster, job)
     mine = job.api.related_names(job.obj, pods)
     events = [e for e in cluster.list(EVENT) if read.text(read.dig(e, "involvedObject", "name")) in mine]
-    waiting = why_waiting(cluster, job, pods) if job.api.phase(job.obj, pods) not in status.FINISHED else {}
-    return status.job_status(job.api, job.obj, pods, events, waiting=waiting)
+    workloads = kueue_workloads(cluster, job)
+    finished = job.api.phase(job.obj, pods) in status.FINISHED
+    waiting = {} if finished else why_waiting(cluster, job, pods, workloads=workloads)
+    return status.job_status(job.api, job.obj, pods, events, waiting=waiting, workloads=workloads or [])
 
 
 def suspected_nodes(cluster: Cluster, name: str) -> list[status.SuspectedNode]:
@@ -101,17 +103,26 @@ def suspected_nodes(cluster: Cluster, name: str) -> list[status.SuspectedNode]:
     return status.suspected_nodes(job.api, job.obj, job_pods(cluster, job))
 
 
-def why_waiting(cluster: Cluster, job: Job, pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the job's queue or gang scheduler says about it: Kueue's Workload (found by the label
-    kueue.x-k8s.io/job-uid Kueue puts on it, pkg/controller/constants) and LocalQueue for a job with a queue
-    label; Volcano's PodGroup (named like the job by the v1 operator and Trainer v2's volcano plugin) for a
-    job whose pods Volcano schedules. {} when there is none, or the user may not read it."""
+def kueue_workloads(cluster: Cluster, job: Job) -> list[dict[str, Any]] | None:
+    """The Kueue Workloads of a job with a queue label (found by the label kueue.x-k8s.io/job-uid Kueue puts on
+    them, pkg/controller/constants); None when it has no queue, or the user may not read them."""
+    if not read.text(read.dig(job.obj, "metadata", "labels", naming.LABEL_KUEUE_QUEUE)):
+        return None
+    uid = read.text(read.dig(job.obj, "metadata", "uid"))
+    return _readable(
+        lambda r: cluster.list(r, selector=f"{naming.LABEL_KUEUE_JOB_UID}={uid}"), KUEUE_WORKLOADS
+    )
+
+
+def why_waiting(
+    cluster: Cluster, job: Job, pods: list[dict[str, Any]], *, workloads: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """What the job's queue or gang scheduler says about it: Kueue's Workload (`kueue_workloads`) and
+    LocalQueue for a job with a queue label; Volcano's PodGroup (named like the job by the v1 operator and
+    Trainer v2's volcano plugin) for a job whose pods Volcano schedules. {} when there is none, or the user
+    may not read it."""
     queue = read.text(read.dig(job.obj, "metadata", "labels", naming.LABEL_KUEUE_QUEUE))
     if queue:
-        uid = read.text(read.dig(job.obj, "metadata", "uid"))
-        workloads = _readable(
-            lambda r: cluster.list(r, selector=f"{naming.LABEL_KUEUE_JOB_UID}={uid}"), KUEUE_WORKLOADS
-        )
         local_queue = _readable(lambda r: [cluster.get(r, queue)], KUEUE_LOCAL_QUEUES) or [{}]
         return status.kueue_waiting(queue, workloads or [], local_queue[0])
     volcano_pods = any(read.dig(p, "spec", "schedulerName") == naming.SCHEDULER_VOLCANO for p in pods)

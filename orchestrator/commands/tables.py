@@ -77,7 +77,38 @@ def format_status(status: JobStatus) -> str:
         lines += ["  " + line for line in table(rows).splitlines()]
     if status.straggler:
         lines.append(straggler_line(status.straggler, status.name))
+    lines += goodput_lines(status)
     return "\n".join(shown(line) for line in lines)
+
+
+def goodput_lines(status: JobStatus) -> list[str]:
+    """Where the job's time went (#31): its milestones since creation, its goodput (from the journal in
+    output.url) or why it is not known, and a rank's hang verdict."""
+    from orchestrator import goodput
+    from orchestrator.kube import read
+
+    lines = []
+    created = read.parse_time(status.milestones.get("created"))
+    if created is not None:
+        steps = []
+        for key, words in (
+            ("admitted", "admitted"),
+            ("pods_ready", "pods ready"),
+            ("first_step", "first step"),
+        ):
+            when = read.parse_time(status.milestones.get(key))
+            if when is not None:
+                steps.append(f"{words} +{max(0, round((when - created).total_seconds()))} s")
+        lines.append(
+            "Timeline:    created " + status.milestones["created"] + "".join(f", {s}" for s in steps)
+        )
+    if status.goodput is not None:
+        lines.append(f"Goodput:     {goodput.line(status.goodput)}")
+    elif status.goodput_note:
+        lines.append(f"Goodput:     {status.goodput_note}")
+    if status.hang is not None:
+        lines.append(f"Hang:        {status.hang['line']} (every rank's stack: orch logs {status.name})")
+    return lines
 
 
 def straggler_line(straggler: Straggler, job: str) -> str:

@@ -121,7 +121,8 @@ def stacks(name: str, local: bool) -> None:
 
     With py-spy installed (`pip install py-spy`) it reads each process from outside, native frames too;
     otherwise each rank writes its own stack on SIGUSR1 (Python's faulthandler, which the trainer registers),
-    into OUT/stacks/rank-N.txt. --local: the live `orch run` of NAME on this machine.
+    into OUT/stacks/rank-N.txt. --local: the live `orch run` of NAME on this machine. In a pod of a cluster
+    job, `python -m orchestrator.stacks` prints the same for that pod's ranks (kubectl exec).
 
     \b
     Example:
@@ -132,6 +133,9 @@ def stacks(name: str, local: bool) -> None:
     if not local:
         from orchestrator.errors import UsageError
 
-        raise UsageError("orch stacks reads a live `orch run` of NAME: add --local")
+        raise UsageError(
+            "orch stacks reads a live `orch run` of NAME (add --local); for a pod of a cluster job: "
+            "kubectl exec POD -- python -m orchestrator.stacks (needs pods/exec, which orch's Role leaves out)"
+        )
     for stack in api.local_stacks(name):
         click.echo(stack.block())

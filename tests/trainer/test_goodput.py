@@ -175,3 +175,35 @@ def test_heartbeats_come_often_enough_to_judge_before_the_collective_fails():
     assert heartbeat.intervals(15) == (0.75, 7.5)
     interval, stall_after = heartbeat.intervals(2)
     assert interval == 0.5 and stall_after == 1.0
+
+
+def test_attempts_whose_clocks_overlap_still_add_up_to_the_wall_time():
+    """Rank 0 of the next attempt runs on another host whose clock is 1 s behind: its start comes before the
+    last record of the attempt it follows. The overlap comes off the wasted tail, not counted twice."""
+    first = attempt(0.0, 26.0, {"startup": 2.0, "forward": 24.0},
+                    kept=[{"step": 10, "at": 20.0, "phases": {"startup": 2.0, "forward": 18.0}}], step=13)  # fmt: skip
+    second = attempt(25.0, 40.0, {"startup": 3.0, "forward": 12.0}, resumed_from=10, outcome="finished")
+    result = goodput.account([first, second])
+    assert result is not None
+    assert result.badput_seconds["wasted_progress_from_disruption"] == pytest.approx(5.0)  # 20 -> 25, not 26
+    assert result.badput_seconds["infrastructure_recovery_from_disruption"] == 0.0
+    assert result.goodput_seconds + sum(result.badput_seconds.values()) == pytest.approx(result.wall_seconds)
+
+
+def test_milestones_come_from_the_job_its_workload_and_its_pods():
+    from orchestrator import status
+
+    job = {"metadata": {"creationTimestamp": "2026-12-01T10:00:00Z"}}
+    workload = {"status": {"conditions": [
+        {"type": "QuotaReserved", "status": "True", "lastTransitionTime": "2026-12-01T10:00:30Z"},
+        {"type": "Admitted", "status": "True", "lastTransitionTime": "2026-12-01T10:00:31Z"}]}}  # fmt: skip
+
+    def pod(ready: str | None) -> dict:
+        conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": ready}] if ready else []
+        return {"status": {"conditions": conditions}}
+
+    ready = [pod("2026-12-01T10:01:10Z"), pod("2026-12-01T10:01:40Z")]
+    assert status.milestones(job, ready, [workload]) == {
+        "created": "2026-12-01T10:00:00Z", "admitted": "2026-12-01T10:00:31Z", "pods_ready": "2026-12-01T10:01:40Z",
+    }  # fmt: skip
+    assert status.milestones(job, [ready[0], pod(None)], []) == {"created": "2026-12-01T10:00:00Z"}
