@@ -120,6 +120,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.redaction",
             "orchestrator.outputs",
             "orchestrator.hardware",  # hardware failures: exit code, signatures, the pod's record (stdlib)
+            "orchestrator.goodput",  # the goodput journal's records and their accounting (stdlib)
+            "orchestrator.stacks",  # every rank's stack on demand, from OUT's rank records (stdlib)
             "orchestrator.storage",
             "orchestrator.kube",
             "orchestrator.apis.registry",
