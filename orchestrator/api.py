@@ -85,7 +85,8 @@ def load_job(
     rules, the API's (`api:`), and what tracking needs where it will run (`where`): "cluster" (render and
     submit: an image, an MLflow server named in the spec or the job's env), "local" (`orch run`: the
     tracking packages here, the server in the spec or this shell), "anywhere" (`orch validate`: what both
-    of those require, the server known to either). Raises SpecError: `FILE:LINE:COL: field: problem`."""
+    of those require, the server known to either). Raises SpecError: `FILE:LINE:COL: field: problem`; its
+    `errors` hold every problem found, in file order."""
     from orchestrator.job import loading
 
     _expect("load_job", "source", source, (str, os.PathLike, Mapping), "a path or a mapping")

@@ -72,7 +72,7 @@ def cli() -> None:
 
 def main() -> None:
     """Entry point: run the CLI and turn orch's errors into one line and an exit code."""
-    from orchestrator.errors import OrchError
+    from orchestrator.errors import OrchError, SpecError
 
     # The process ends with the command: what it built (pydantic's validators, Jinja2's compiled templates)
     # needs no final cycle collection. Frozen after every other exit handler ran, Python's finalization
@@ -82,7 +82,8 @@ def main() -> None:
     try:
         exit_code = cli.main(standalone_mode=False, prog_name="orch")
     except OrchError as error:
-        click.echo(f"error: {one_line(str(error))}", err=True)
+        for each in error.errors if isinstance(error, SpecError) else (error,):  # a job's: each problem
+            click.echo(f"error: {one_line(str(each))}", err=True)
         sys.exit(error.exit_code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

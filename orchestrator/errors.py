@@ -5,6 +5,8 @@ Library code raises these (chained `from e` where there is a cause); only `orche
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class OrchError(Exception):
     """Base of every error orch reports to a user. `str(error)` is the whole one-line message."""
@@ -13,7 +15,10 @@ class OrchError(Exception):
 
 
 class SpecError(OrchError):
-    """The job file (or a `--set` override) is invalid: `job.yaml:LINE:COL: field.path: what is wrong`."""
+    """The job file (or a `--set` override) is invalid: `job.yaml:LINE:COL: field.path: what is wrong`.
+
+    `errors` holds every problem found in one pass, in file order (`several`); the error's own attributes
+    and `str()` are the first's. The CLI prints one `error:` line for each."""
 
     exit_code = 2
 
@@ -32,6 +37,15 @@ class SpecError(OrchError):
             where = f"{file}:{line}" + (f":{column}" if column is not None else "")
         parts = [p for p in (where, field) if p]
         super().__init__(": ".join([*parts, message]))
+        self.errors: tuple[SpecError, ...] = (self,)
+
+    @classmethod
+    def several(cls, errors: Sequence[SpecError]) -> SpecError:
+        """One error to raise for `errors` (at least one): the first, with `errors` listing them all."""
+        first = errors[0]
+        together = cls(first.reason, file=first.file, line=first.line, column=first.column, field=first.field)
+        together.errors = tuple(errors)
+        return together
 
 
 class UsageError(OrchError):

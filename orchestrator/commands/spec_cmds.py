@@ -106,9 +106,11 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
     """Check a job file and summarise what it will run: the checks every command runs before it does
     anything (the spec's rules, its `api:`'s, what tracking needs where it may run).
 
-    Exit code 2 and one line `FILE:LINE:COL: field: problem` when something is wrong. `-o json` prints one
-    object either way: {"ok": true, "name", "summary", "job"} or {"ok": false, "error", "file", "line",
-    "column", "field", "message"} (exit code 2), for editors and pipelines.
+    Exit code 2 and one line `FILE:LINE:COL: field: problem` for each thing wrong, in file order (every
+    problem one pass finds: the fields, then the rules over several fields once those are valid). `-o json`
+    prints one object either way: {"ok": true, "name", "summary", "job"} or {"ok": false, "error", "file",
+    "line", "column", "field", "message", "errors"} (exit code 2; the fields are the first problem's,
+    "errors" lists each problem with those fields), for editors and pipelines.
 
     \b
     Example:
@@ -125,9 +127,9 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
     except SpecError as error:
         if output != "json":
             raise
-        found = {"ok": False, "error": str(error), "file": error.file, "line": error.line,
-                 "column": error.column, "field": error.field, "message": error.reason}  # fmt: skip
-        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        problems = [{"error": str(e), "file": e.file, "line": e.line, "column": e.column, "field": e.field,
+                     "message": e.reason} for e in error.errors]  # fmt: skip
+        click.echo(json.dumps({"ok": False, **problems[0], "errors": problems}, indent=2, ensure_ascii=False))
         return error.exit_code
     warn_missing_code(spec, job_file, check_image=False)  # the image is what render and submit check
     if output == "json":

@@ -3,7 +3,8 @@
 Give a new field its type from here (`Dns1123Name`, `Quantity`, `Duration`, `PositiveInt`, ...), so that every
 field of a kind obeys the same rule and says the same thing when it is wrong; a new kind of value gets its
 pattern and type here too. Patterns are Kubernetes' own (apimachinery's validation.go). A rule that needs
-several fields is the model's (`JobSpec._check_consistency` raises `FieldError` with the path to change).
+several fields is the model's (`JobSpec._check_consistency` raises `FieldError` with the path to change;
+pydantic collects it with the other errors).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from orchestrator import naming
 from orchestrator.job.durations import parse_duration
@@ -39,17 +41,42 @@ INT64_MAX = 2**63 - 1
 # --- errors and the helpers every rule uses ---------------------------------------------------------------
 
 
-class FieldError(Exception):
-    """A cross-field rule failed. `path` is the field the user must change: dotted (`train.batch_size`), or
-    a tuple whose ints index lists (`("pod_overrides", "containers", 0)`).
+class FieldError(PydanticCustomError):
+    """A rule over several fields failed. `path` is the field the user must change, relative to the model
+    whose validator raises it: dotted (`train.eval_every`) or a tuple whose ints index lists
+    (`("pod_overrides", "containers", 0)`); a rule of the root model (JobSpec) names it from the top.
 
-    Deliberately not a ValueError: pydantic would wrap it and lose the path.
+    A pydantic error of its own type (TYPE), not a ValueError: pydantic collects it beside the document's
+    other errors (the loader reports them all, each at its line) and keeps the path in its context. One
+    validator that finds several problems raises them together (`FieldError.joined`).
     """
 
+    TYPE = "orch_field_rule"
+    _PROBLEMS = "orch_problems"  # the context key: not a word a message holds in braces
+
+    def __new__(cls, path: str | tuple[str | int, ...], message: str) -> FieldError:
+        parts = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+        error: FieldError = super().__new__(cls, cls.TYPE, message, {cls._PROBLEMS: ((parts, message),)})
+        return error
+
     def __init__(self, path: str | tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.parts: tuple[str | int, ...] = tuple(path.split(".")) if isinstance(path, str) else path
-        self.path, self.message = ".".join(str(p) for p in self.parts), message
+        """The error is what __new__ made (PydanticCustomError's own arguments); `problems_of` reads it."""
+
+    @classmethod
+    def joined(cls, errors: list[FieldError]) -> FieldError:
+        """One error carrying every one's (path, message), the first's message its own."""
+        problems = tuple(problem for error in errors for problem in problems_of(error))
+        joined: FieldError = PydanticCustomError.__new__(
+            cls, cls.TYPE, problems[0][1], {cls._PROBLEMS: problems}
+        )
+        return joined
+
+
+def problems_of(error: FieldError | dict[str, Any]) -> tuple[tuple[tuple[str | int, ...], str], ...]:
+    """(path, message) of each rule a FieldError carries: the error itself, or its entry in pydantic's
+    `ValidationError.errors()` (whose type is FieldError.TYPE)."""
+    context = error.context if isinstance(error, FieldError) else error.get("ctx")
+    return tuple((tuple(p), str(m)) for p, m in (context or {}).get(FieldError._PROBLEMS, ()))
 
 
 def show(value: Any, limit: int = 60) -> str:

@@ -17,7 +17,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -355,10 +355,13 @@ def validate(
     require_image: bool = False,
     local_run: bool = False,
 ) -> spec_models.JobSpec:
-    """Validate parsed data; the first problem becomes a SpecError located in the file (or at its --set flag)."""
+    """Validate parsed data. Every problem found is a SpecError located in the file (or at its --set flag);
+    all of them are raised together, in file order (SpecError.several): pydantic's errors and the spec's
+    rules over several fields in one pass, one per field; then, for a valid spec, the API's, the image's
+    and tracking's. Rules that need valid fields run only once the fields are valid."""
     origins = origins or {}
 
-    def fail(path: FieldPath, message: str) -> SpecError:
+    def located(path: FieldPath, message: str) -> SpecError:
         # A problem in (or under, or above) an overridden field is the flag's fault, not the file's.
         origin = next(
             (flag for o, flag in origins.items() if path[: len(o)] == o or o[: len(path)] == path), None
@@ -371,21 +374,45 @@ def validate(
     try:
         job = spec_models.JobSpec.model_validate(data)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        path = _data_path(data, first)
-        message = _message(first, path)
-        raise fail(path, message) from None
-    except fields.FieldError as error:
-        raise fail(error.parts, error.message) from None
+        raise SpecError.several(_in_file_order(_problems(data, error), located)) from None
+    found: list[tuple[FieldPath, str]] = []
     if job.api != apis.AUTO and (problem := apis.by_key(job.api).spec_problem(job, job.name)):
-        raise fail(tuple(problem[0].split(".")), problem[1])
+        found.append((tuple(problem[0].split(".")), problem[1]))
     if require_image and not job.image:
-        raise fail(("image",), "required to render or submit (the training image the pods run)")
+        found.append((("image",), "required to render or submit (the training image the pods run)"))
     # Where it will run decides what tracking needs: packages here (`orch run`), or a URI the pods can read.
     where = "local" if local_run else "cluster" if require_image else "anywhere"
-    if found := _tracking_problem(job, where=where):
-        raise fail(tuple(found[0].split(".")), found[1])
+    if tracking := _tracking_problem(job, where=where):
+        found.append((tuple(tracking[0].split(".")), tracking[1]))
+    if found:
+        raise SpecError.several(_in_file_order(found, located))
     return job
+
+
+def _problems(data: dict[str, Any], error: ValidationError) -> list[tuple[FieldPath, str]]:
+    """(path, message) of each problem pydantic found, one per field (a value that fits no member of a
+    union is one problem, said as its first member's), and each of the rules a FieldError carries."""
+    found: list[tuple[FieldPath, str]] = []
+    seen: set[FieldPath] = set()
+    for entry in error.errors(include_url=False):
+        path = _data_path(data, entry)
+        if entry["type"] == "default_factory_not_called":  # a default computed from a field found wrong
+            continue
+        if entry["type"] == fields.FieldError.TYPE:
+            found += [((*path, *parts), message) for parts, message in fields.problems_of(dict(entry))]
+        elif path not in seen:
+            seen.add(path)
+            found.append((path, _message(entry, path)))
+    return found
+
+
+def _in_file_order(
+    found: list[tuple[FieldPath, str]], located: Callable[[FieldPath, str], SpecError]
+) -> list[SpecError]:
+    """The problems as SpecErrors, by line and column; those without a line in the file (a --set flag's, a
+    mapping's) after them, in the order found."""
+    errors = [located(path, message) for path, message in found]
+    return sorted(errors, key=lambda e: (0, e.line, e.column or 0) if e.line is not None else (1, 0, 0))
 
 
 def _tracking_problem(job: spec_models.JobSpec, *, where: str) -> tuple[str, str] | None:

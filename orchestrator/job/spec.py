@@ -4,8 +4,8 @@ Field names are a contract with users, docs and checks: add fields, never rename
 unknown keys (`fields.Model`) and takes its field types from orchestrator/job/fields.py; the `train:` section
 is the trainer's own config (orchestrator/trainer/config.py). `orchestrator.job.loading` turns validation
 errors into `job.yaml:LINE:COL: field: message`. Defaults that depend on other fields are pydantic's (a
-default factory, a field validator); cross-field rules live in `JobSpec._check_consistency`, each raising
-`FieldError` with the path it is about.
+default factory, a field validator); cross-field rules live in `JobSpec._check_consistency`, each a
+`FieldError` with the path it is about, all that fail raised together.
 """
 
 # No `from __future__ import annotations` in the model modules: pydantic would compile each field's
@@ -170,11 +170,11 @@ class Output(Model):
         from orchestrator import storage
 
         if (self.pvc is None) == (self.url is None):
-            raise FieldError("output", "set exactly one of pvc (a volume) or url (an object store)")
+            raise FieldError((), "set exactly one of pvc (a volume) or url (an object store)")
         if self.url is not None and (problem := storage.url_problem(self.url)):
-            raise FieldError("output.url", problem)
+            raise FieldError("url", problem)
         if self.url is not None and self.sub_path is not None:
-            raise FieldError("output.sub_path", "applies to output.pvc; put the folder in output.url")
+            raise FieldError("sub_path", "applies to output.pvc; put the folder in output.url")
         return self
 
 
@@ -335,77 +335,101 @@ class JobSpec(Model):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "JobSpec":
+        """Every rule over several fields; all that fail are raised together (the loader reports each)."""
+        found: list[FieldError] = []
         for field, kind in (("affinity", "V1Affinity"), ("pod_overrides", pod_shape.ROOT)):
             value = getattr(self, field)
-            if value is not None and (found := pod_shape.problem(value, kind)) is not None:
-                raise FieldError((field, *found[0]), found[1])
+            if value is not None and (shape := pod_shape.problem(value, kind)) is not None:
+                found.append(FieldError((field, *shape[0]), shape[1]))
         if (self.train is None) == (self.command is None):
-            raise FieldError(
-                "train",
-                "set exactly one of train (the built-in trainer) or command (your own "
-                "script, launched by torchrun)",
+            found.append(
+                FieldError(
+                    "train",
+                    "set exactly one of train (the built-in trainer) or command (your own "
+                    "script, launched by torchrun)",
+                )
             )
         if self.gpus_per_node and self.procs_per_node != self.gpus_per_node:
-            raise FieldError(
-                "procs_per_node",
-                f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node "
-                f"({self.gpus_per_node}): each process drives one GPU",
+            found.append(
+                FieldError(
+                    "procs_per_node",
+                    f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node "
+                    f"({self.gpus_per_node}): each process drives one GPU",
+                )
             )
         if self.train is not None and (problem := self.train.batch_problem(self.world_size)):
             field = "train.micro_batch_size" if self.train.micro_batch_size else "train.batch_size"
-            raise FieldError(field, problem)
+            found.append(FieldError(field, problem))
         if self.elastic is not None and not self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes:
-            raise FieldError(
-                "elastic",
-                f"nodes ({self.nodes}) must lie between elastic.min_nodes "
-                f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
+            found.append(
+                FieldError(
+                    "elastic",
+                    f"nodes ({self.nodes}) must lie between elastic.min_nodes "
+                    f"({self.elastic.min_nodes}) and elastic.max_nodes ({self.elastic.max_nodes})",
+                )
             )
         names = [v.name for v in self.volumes]
         if dup := next((n for n in names if names.count(n) > 1), None):
-            raise FieldError("volumes", f"volume name {dup!r} is used twice")
+            found.append(FieldError("volumes", f"volume name {dup!r} is used twice"))
         mounts = [v.mount for v in self.volumes]
         if dup := next((m for m in mounts if mounts.count(m) > 1 or m in RESERVED_MOUNTS), None):
             reason = "is reserved by orch" if dup in RESERVED_MOUNTS else "is used twice"
-            raise FieldError("volumes", f"mount path {dup!r} {reason}")
+            found.append(FieldError("volumes", f"mount path {dup!r} {reason}"))
         if clash := sorted(set(self.env) & set(self.secret_env)):
-            raise FieldError("secret_env", f"{clash[0]!r} is set in both env and secret_env")
+            found.append(FieldError("secret_env", f"{clash[0]!r} is set in both env and secret_env"))
         if self.elastic is not None and self.restart.policy == "job":
-            raise FieldError(
-                "restart.policy",
-                "elastic jobs restart through torchrun's elastic agent (elastic.max_restarts); "
-                "drop restart.policy: job or elastic",
+            found.append(
+                FieldError(
+                    "restart.policy",
+                    "elastic jobs restart through torchrun's elastic agent (elastic.max_restarts); "
+                    "drop restart.policy: job or elastic",
+                )
             )
         for field in ("priority", "topology"):
             if getattr(self.scheduling, field) is not None and self.scheduling.queue is None:
-                raise FieldError(
-                    f"scheduling.{field}", f"needs scheduling.queue (Kueue applies {field} to queued jobs)"
+                found.append(
+                    FieldError(
+                        f"scheduling.{field}",
+                        f"needs scheduling.queue (Kueue applies {field} to queued jobs)",
+                    )
                 )
             if (
                 getattr(self.scheduling, field) is not None
                 and self.scheduling.scheduler == naming.SCHEDULER_VOLCANO
             ):
-                raise FieldError(
-                    f"scheduling.{field}",
-                    f"is Kueue's, and with scheduler: {naming.SCHEDULER_VOLCANO} the job goes to Volcano's queue, "
-                    f"not Kueue's: nothing would carry it (Volcano's priority is scheduling.priority_class)",
+                found.append(
+                    FieldError(
+                        f"scheduling.{field}",
+                        f"is Kueue's, and with scheduler: {naming.SCHEDULER_VOLCANO} the job goes to Volcano's queue, "
+                        f"not Kueue's: nothing would carry it (Volcano's priority is scheduling.priority_class)",
+                    )
                 )
-        self._check_tracking()
+        found += self._tracking_rules()
+        if found:
+            raise FieldError.joined(found)
         return self
 
-    def _check_tracking(self) -> None:
+    def _tracking_rules(self) -> list[FieldError]:
+        found: list[FieldError] = []
         tracking = self.tracking
         if (tracking.tensorboard or tracking.mlflow) and self.train is None:
-            raise FieldError(
-                "tracking",
-                "applies to the built-in trainer (train:); a command job logs itself "
-                "(set MLFLOW_TRACKING_URI in env for your script)",
+            found.append(
+                FieldError(
+                    "tracking",
+                    "applies to the built-in trainer (train:); a command job logs itself "
+                    "(set MLFLOW_TRACKING_URI in env for your script)",
+                )
             )
         if tracking.mlflow is not None:
             for key, env_name in MLFLOW_CREDENTIAL_ENV.items():
                 if getattr(tracking.mlflow.credentials, key) and env_name in {**self.env, **self.secret_env}:
-                    raise FieldError(
-                        f"tracking.mlflow.credentials.{key}", f"{env_name} is also set in env or secret_env"
+                    found.append(
+                        FieldError(
+                            f"tracking.mlflow.credentials.{key}",
+                            f"{env_name} is also set in env or secret_env",
+                        )
                     )
+        return found
 
     def tracking_problem(self, environ: Mapping[str, str], *, in_pod: bool) -> tuple[str, str] | None:
         """(field, why) when the job's MLflow tracking cannot work where it will run, else None. `environ`

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from orchestrator.job.durations import parse_duration
-from orchestrator.job.fields import Duration, Model, NonNegativeInt, PathOrUrl, PositiveInt, show
+from orchestrator.job.fields import Duration, FieldError, Model, NonNegativeInt, PathOrUrl, PositiveInt, show
 
 DEFAULT_METRICS_PORT = 9400  # metrics.port; `orch top --local` looks here
 DEFAULT_GPU_SAMPLE_SECONDS = 5.0
@@ -180,9 +180,23 @@ class TrainSpec(Model):
         return task
 
     @model_validator(mode="after")
-    def _steps_or_epochs(self) -> "TrainSpec":
+    def _check_consistency(self) -> "TrainSpec":
+        found = []
         if self.max_steps is not None and self.epochs is not None:
-            raise ValueError("set max_steps or epochs, not both")
+            found.append(FieldError("epochs", "set max_steps or epochs, not both"))
+        if self.schedule.name == "plateau" and not self.eval_every:
+            # The rule watches the loss at each evaluation: with none before the end it would never act, and a
+            # user who asked for plateau would train at a constant rate without a word (#33).
+            found.append(
+                FieldError(
+                    "eval_every",
+                    "schedule plateau lowers the rate when the loss stops improving at an evaluation, and 0 "
+                    "evaluates only at the end: the rate would never change; set eval_every (e.g. 100), or another "
+                    "schedule",
+                )
+            )
+        if found:
+            raise FieldError.joined(found)
         return self
 
     @property
