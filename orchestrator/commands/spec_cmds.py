@@ -23,7 +23,7 @@ image: {image}   # the training image the pods run (render/submit need it; `orch
 nodes: 1                      # pods, one per node
 gpus_per_node: 0              # nvidia.com/gpu per pod; 0 trains on CPU (gloo)
 # procs_per_node: 1           # default: gpus_per_node, or 1 on CPU
-# resources: {{cpu: "8", memory: 32Gi, shm: 8Gi}}   # shm sizes /dev/shm (default 2Gi per GPU, 1Gi on CPU)
+resources: {{cpu: "2", memory: 4Gi}}   # one pod's requests (none: BestEffort, evicted first); shm: sizes /dev/shm
 
 train:                        # the built-in trainer; or `command: [python, -m, mypkg.train]` instead
   task: digits                # digits | gpt | synthetic | "mypkg.module:make_task"
@@ -45,7 +45,7 @@ train:                        # the built-in trainer; or `command: [python, -m, 
 # deadline: 24h
 # metrics: {{enabled: true, port: 9400}}
 """
-DEFAULT_IMAGE = "ghcr.io/acme/orch-trainer:latest"
+DEFAULT_IMAGE = "ghcr.io/acme/orch-trainer:0.1.0"  # a version: `:latest` may differ from pod to pod
 
 
 @click.command()
@@ -131,7 +131,11 @@ def validate(job_file: str, overrides: tuple[str, ...], output: str) -> int:
                      "message": e.reason} for e in error.errors]  # fmt: skip
         click.echo(json.dumps({"ok": False, **problems[0], "errors": problems}, indent=2, ensure_ascii=False))
         return error.exit_code
-    warn_missing_code(spec, job_file, check_image=False)  # the image is what render and submit check
+    from orchestrator.rendering import render as rendering
+
+    warn_missing_code(spec, job_file, check_image=False)  # the image's workspace is render's and submit's
+    for message in rendering.warnings(spec):  # what render and submit say of the job
+        click.echo(f"warning: {message}", err=True)
     if output == "json":
         valid = {"ok": True, "file": job_file, "name": spec.name, "summary": summary(spec),
                  "job": spec.model_dump(mode="json", by_alias=True)}  # fmt: skip

@@ -133,10 +133,12 @@ def _output_annotation(spec: JobSpec) -> dict[str, str]:
 
 
 def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
-    """What `orch submit` should tell the user once before creating the job (pure; empty when all is well):
-    pods that may be scheduled partially, checkpoints that a restart would lose, and what the API adds."""
+    """What a valid job risks on a cluster, one line each (pure; empty when all is well): `orch validate`,
+    `orch render` and `orch submit` say them alike. An image of no fixed version, pods without requests
+    (BestEffort), pods that may be scheduled partially, checkpoints that a restart would lose, and what
+    the API adds."""
     chosen = resolve_api(spec, api)
-    found = []
+    found = [message for message in (_image_warning(spec), _best_effort_warning(spec)) if message]
     unguarded = scheduling.kueue_queue(spec) is None and scheduling.gang_scheduler(spec) is None
     if spec.nodes > 1 and spec.scheduling.gang is not False and spec.runtime is None and unguarded:
         found.append(
@@ -152,6 +154,44 @@ def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
             "output: {pvc: CLAIM}, output: {url: s3://BUCKET/PREFIX} or a train.checkpoint.dir on a pvc volume"
         )
     return [*found, *apis.by_key(chosen).warnings(spec)]
+
+
+def _image_warning(spec: JobSpec) -> str | None:
+    """An image named by `:latest` or by no tag (which is `:latest`) is not one build: Kubernetes pulls it
+    again for every pod (imagePullPolicy Always for that tag), so pods started at different times (a restart,
+    a second node, a resubmit) may run different code than the first. A digest or another tag is one build."""
+    image = spec.image
+    if not image or "@" in image:
+        return None
+    tag = image.rpartition("/")[2].partition(":")[2]
+    if tag not in ("", "latest"):
+        return None
+    said = "the tag :latest" if tag else "no tag (that is :latest)"
+    return (
+        f"image {image} has {said}: each pod pulls whatever it names when it starts, so a restarted or later "
+        "pod may run another build than the first; name a version (NAME:1.2) or a digest (NAME@sha256:...), "
+        "e.g. the reference orch build prints"
+    )
+
+
+def _best_effort_warning(spec: JobSpec) -> str | None:
+    """A pod without a cpu or memory request is BestEffort (Kubernetes' QoS classes count only those two; a
+    GPU limit does not make it Burstable): the first evicted when its node runs short of memory, and one
+    rank lost stops every rank of the job. Not with `runtime:` (the ClusterTrainingRuntime's pod may set
+    them), nor when pod_overrides gives the trainer container resources."""
+    if spec.resources.cpu or spec.resources.memory or spec.runtime is not None:
+        return None
+    containers = spec.pod_overrides.get("containers")
+    overridden = isinstance(containers, list) and any(
+        isinstance(c, dict) and isinstance(c.get("resources"), dict) and c["resources"] for c in containers
+    )
+    if overridden:
+        return None
+    return (
+        "resources sets no cpu or memory, so the pods are BestEffort (no requests; a GPU limit does not "
+        "count): the first evicted when a node runs short of memory, taking every rank with it; set "
+        'resources: {cpu: "8", memory: 32Gi} (what one pod needs)'
+    )
 
 
 def _output_on_volume(spec: JobSpec) -> bool:

@@ -98,7 +98,8 @@ def test_a_workspace_goes_on_top_of_the_job_image_on_a_client_dry_run(env, tmp_p
     (project / "mypkg" / "tasks.py").write_text("def make_task():\n    pass\n")
     job = project / "job.yaml"
     job.write_text(
-        "name: demo\nimage: registry.example/team/trainer:1\ntrain: {task: 'mypkg.tasks:make_task'}\n"
+        "name: demo\nimage: registry.example/team/trainer:1\nresources: {cpu: 1}\n"
+        "train: {task: 'mypkg.tasks:make_task'}\n"
     )
     result = env.orch("submit", str(job), "--build", "--build-context", str(project), "--build-tool", "buildah",
                       "--dry-run=client")  # fmt: skip

@@ -25,7 +25,7 @@ def project(root: Path, job: str = "train: {task: 'mypkg.tasks:make_task'}\n") -
     (root / "mypkg").mkdir(parents=True)
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "tasks.py").write_text("def make_task():\n    pass\n")
-    (root / "job.yaml").write_text(f"name: demo\nimage: {BASE}\n{job}")
+    (root / "job.yaml").write_text(f"name: demo\nimage: {BASE}\nresources: {{cpu: 1}}\n{job}")
     (root / ".git").mkdir()
     (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (root / ".venv" / "bin").mkdir(parents=True)
@@ -159,7 +159,7 @@ def test_validate_and_render_warn_about_code_neither_the_image_nor_the_workspace
 def test_a_script_outside_the_named_workspace_is_warned_about(tmp_path):
     root = project(tmp_path / "p", job="workspace: mypkg\n")
     (root / "job.yaml").write_text(
-        f"name: demo\nimage: {BASE}\nworkspace: mypkg\ncommand: [python, train.py]\n"
+        f"name: demo\nimage: {BASE}\nresources: {{cpu: 1}}\nworkspace: mypkg\ncommand: [python, train.py]\n"
     )
     (root / "train.py").write_text("print(1)\n")  # beside job.yaml, but the workspace is mypkg/
     result = run_orch("validate", str(root / "job.yaml"))

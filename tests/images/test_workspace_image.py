@@ -37,7 +37,7 @@ def user_project(root: Path, image: str) -> Path:
     (root / "mytasks" / "__init__.py").write_text("")
     (root / "mytasks" / "tiny.py").write_text(TASK)
     (root / "job.yaml").write_text(
-        f"name: ws\nimage: {image}\nprocs_per_node: 2\ntrain:\n  task: 'mytasks.tiny:make_task'\n"
+        f"name: ws\nimage: {image}\nprocs_per_node: 2\nresources: {{cpu: 1}}\ntrain:\n  task: 'mytasks.tiny:make_task'\n"
         "  task_args: {kind: regression, samples: 256, features: 8, hidden: 16}\n"
         "  batch_size: 32\n  max_steps: 3\n  log_every: 1\n  eval_every: 0\n"
     )

@@ -292,6 +292,7 @@ def test_init_name_is_data_not_text(name, tmp_path):
             "image",
             "nodes",
             "gpus_per_node",
+            "resources",
             "train",
         }
 

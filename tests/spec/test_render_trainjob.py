@@ -386,7 +386,7 @@ PER_AGENT = "bounds each pod's torchrun agent, not the job"  # issue #19 point 8
     ],
 )  # fmt: skip
 def test_submit_warnings(tmp_path, extra, api, expected):
-    text = "name: demo\nimage: i:1\nnodes: 4\ngpus_per_node: 8\n" + extra
+    text = "name: demo\nimage: i:1\nnodes: 4\ngpus_per_node: 8\nresources: {cpu: 8}\n" + extra
     if "train:" not in extra:
         text += "train: {task: digits, batch_size: 64}\n"
     found = render.warnings(load(text, tmp_path), api)
@@ -402,7 +402,33 @@ def test_pytorchjob_max_restarts_meaning_is_said_in_one_line(tmp_path):
 
 
 def test_one_pod_jobs_get_no_partial_scheduling_warning(tmp_path):
-    assert render.warnings(load(BASE, tmp_path), "trainjob") == []
+    assert render.warnings(load(BASE + "resources: {memory: 8Gi}\n", tmp_path), "trainjob") == []
+
+
+IMAGE_WARNING = "has the tag :latest: each pod pulls whatever it names when it starts"
+BEST_EFFORT = "resources sets no cpu or memory, so the pods are BestEffort"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("image: example.com/trainer\n", ["has no tag (that is :latest)", BEST_EFFORT]),
+        ("image: registry:5000/trainer:latest\n", [IMAGE_WARNING, BEST_EFFORT]),
+        ("image: registry:5000/trainer\nresources: {cpu: 8}\n", ["has no tag"]),
+        ("image: example.com/trainer:latest@sha256:" + "0" * 64 + "\nresources: {memory: 1Gi}\n", []),
+        ("image: example.com/trainer:1\ngpus_per_node: 1\n", [BEST_EFFORT]),  # a GPU limit is no request
+        ("image: example.com/trainer:1\npod_overrides: {containers: [{name: trainer, resources: "
+         "{requests: {cpu: '1'}}}]}\n", []),
+        ("image: example.com/trainer:1\napi: trainjob\nruntime: torch-distributed\n", []),
+    ],
+    ids=["no-tag", "latest", "registry-port", "digest", "gpu-only", "pod-overrides", "runtime"],
+)  # fmt: skip
+def test_an_image_of_no_version_and_pods_without_requests_are_warned_about(tmp_path, extra, expected):
+    """#33: `:latest` (or no tag) and BestEffort pods render and run, so they are warnings, not errors; a
+    digest, a version tag, a cpu or memory request (also through pod_overrides) or a runtime's pod are not."""
+    text = "name: demo\ntrain: {task: digits, batch_size: 64}\n" + extra
+    found = render.warnings(load(text, tmp_path), "trainjob")
+    assert len(found) == len(expected) and all(e in w for e, w in zip(expected, found, strict=True)), found
 
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])

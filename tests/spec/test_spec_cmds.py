@@ -25,6 +25,9 @@ def test_init_writes_a_commented_job_that_validates_and_renders(tmp_path):
     spec = loading.load_job(tmp_path / "job.yaml", require_image=True)
     assert spec.name == "first-job" and spec.train.task == "digits"
     assert all(cluster_errors(o) == [] for o in render.render(spec))
+    # #33: the starter names an image version and requests, so nothing warns about what it wrote
+    for command in ("validate", "render"):
+        assert orch(command, "job.yaml", cwd=tmp_path).stderr == ""
 
 
 def test_init_refuses_to_overwrite_without_force(tmp_path):
@@ -88,3 +91,31 @@ def test_render_says_the_api_warnings_on_stderr_as_submit_does_and_keeps_stdout_
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [f"warning: {message}" for message in expected]
     assert list(yaml.safe_load_all(result.stdout)) == render.render(spec)
+
+
+def test_validate_render_and_submit_say_the_same_warnings_of_an_unversioned_image_and_besteffort_pods(
+    tmp_path,
+):
+    """#33: `image: NAME:latest` and no cpu/memory requests render and run, so each is one `warning:` line,
+    the same at validate, render and a client dry run of submit (render.warnings, the one path); the exit
+    code stays 0 and stdout stays what it was (YAML for kubectl)."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: demo\nimage: registry.example/trainer:latest\ntrain: {task: digits, batch_size: 64}\n"
+    )
+    said = {}
+    for command in (["validate"], ["render"], ["submit", "--dry-run=client"]):
+        result = orch(*command, str(job))
+        assert result.returncode == 0, result.stderr
+        said[command[0]] = result.stderr.splitlines()
+        assert "warning" not in result.stdout
+    assert said["validate"] == said["render"] == said["submit"]
+    assert [line.split(" ", 3)[:3] for line in said["render"]] == [
+        ["warning:", "image", "registry.example/trainer:latest"],
+        ["warning:", "resources", "sets"],
+    ]
+    assert "are BestEffort" in said["render"][1] and "set resources: {cpu:" in said["render"][1]
+    job.write_text(job.read_text().replace(":latest", ":1.0") + "resources: {cpu: 2}\n")
+    assert all(
+        orch(*c, str(job)).stderr == "" for c in (["validate"], ["render"], ["submit", "--dry-run=client"])
+    )

@@ -38,7 +38,7 @@ def test_validate_json_says_ok_or_the_problem_in_one_object(tmp_path):
     job.write_text(JOB)
     ok = validate(job, "-o", "json")
     assert ok.exit_code == 0
-    document = json.loads(ok.output)
+    document = json.loads(ok.stdout)
     assert (document["ok"], document["name"], document["job"]["train"]["batch_size"]) == (True, "demo", 64)
     assert document["summary"][0].startswith("nodes 1 x 1 processes = world size 1")
     bad = validate(job, "-o", "json", "--set", "nodes=0")
@@ -51,7 +51,7 @@ def test_validate_json_says_ok_or_the_problem_in_one_object(tmp_path):
         "field": "nodes",
         "message": "Input should be greater than 0",
     }
-    assert json.loads(bad.output) == {"ok": False, **problem, "errors": [problem]}
+    assert json.loads(bad.stdout) == {"ok": False, **problem, "errors": [problem]}
 
 
 # Four mistakes, written out of the models' field order (pydantic reports train before resources, and the

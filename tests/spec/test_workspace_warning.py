@@ -16,7 +16,9 @@ def test_render_and_submit_warn_when_the_image_does_not_carry_the_workspace_as_i
     root = tmp_path / "p"
     (root / "mypkg").mkdir(parents=True)
     (root / "mypkg" / "tasks.py").write_text("def make_task():\n    pass\n")
-    (root / "job.yaml").write_text(f"name: demo\nimage: {BASE}\ntrain: {{task: 'mypkg.tasks:make_task'}}\n")
+    (root / "job.yaml").write_text(
+        f"name: demo\nimage: {BASE}\nresources: {{cpu: 1}}\ntrain: {{task: 'mypkg.tasks:make_task'}}\n"
+    )
     job = str(root / "job.yaml")
     fix = ("build it first: REF=$(orch build --image registry.example/team/trainer --push) and render with --set "
            "image=$REF, or orch submit --build (workspace: false when the image installs the code itself; "
