@@ -250,8 +250,6 @@ def describe(error: BaseException, *, waited: float | None = None) -> str:
     """One phrase for an object-store failure (obstore's messages run to dozens of lines), naming the
     endpoint asked and where it came from when the store could not be reached. `waited`: how long the
     caller's retries lasted at most, said when the store did not answer. Credentials never appear."""
-    from orchestrator.redaction import scrub
-
     text = str(error)
     for code, meaning in (
         ("NoSuchBucket", "the bucket does not exist"),
@@ -280,8 +278,7 @@ def describe(error: BaseException, *, waited: float | None = None) -> str:
     if "error sending request" in text or "tcp connect" in text:
         return f"{_where(text)} cannot be reached (the connection failed)"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    secrets = [os.environ.get(name, "") for name in SECRET_VARIABLES]
-    return scrub(first[:200], secrets)
+    return scrubbed(first[:200])
 
 
 def _retry_config(budget: float | None = None) -> dict[str, Any]:
@@ -306,9 +303,29 @@ def client_options() -> dict[str, Any]:
 
 def _config(scheme: str) -> dict[str, Any] | None:
     """The endpoint from AWS_ENDPOINT_URL_S3 as well (object_store reads AWS_ENDPOINT_URL and AWS_ENDPOINT
-    from the environment itself; the rest of its configuration too)."""
+    from the environment itself; the rest of its configuration too). An endpoint with credentials in it is
+    refused: S3 signs requests with the access keys, and obstore's errors repeat the endpoint whole."""
+    import urllib.parse
+
     configured = endpoint(scheme)
-    return {"endpoint": os.environ[configured[1]]} if configured is not None else None
+    if configured is None:
+        return None
+    value = os.environ[configured[1]]
+    parts = urllib.parse.urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        raise StorageError(
+            f"{configured[1]} carries credentials (user:password@ in {configured[0]}): the store's requests are "
+            "signed with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; give the endpoint without them"
+        )
+    return {"endpoint": value}
+
+
+def scrubbed(text: str) -> str:
+    """`text` (a reader's or a store's error) with URL credentials and the store secrets of the environment
+    replaced by ***."""
+    from orchestrator.redaction import scrub
+
+    return scrub(text, [os.environ.get(name, "") for name in SECRET_VARIABLES])
 
 
 _registered = False

@@ -325,7 +325,9 @@ def _reading(stream: ShardedStream, shard: str) -> Iterator[Any]:
     except DataError:
         raise
     except Exception as error:
-        reason = " ".join(str(error).split())[:300] or type(error).__name__
+        from orchestrator.storage import scrubbed
+
+        reason = scrubbed(" ".join(str(error).split())[:300]) or type(error).__name__
         raise StreamError(f"shard {shard} could not be read: {type(error).__name__}: {reason}") from error
 
 

@@ -206,3 +206,19 @@ def test_the_endpoint_and_where_it_came_from(monkeypatch, env, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert storage.endpoint("s3") == expected
+
+
+def test_an_endpoint_with_credentials_is_refused_without_showing_them(tmp_path):
+    """#33: obstore's errors repeat the endpoint whole (`Error performing PUT http://user:pass@host/...`), so a
+    password in AWS_ENDPOINT_URL reached every failed upload's traceback; S3 signs with the access keys anyway.
+    Refused before any request (none leaves: the probe is not reached)."""
+    from tests.fakes.cli import run_orch
+
+    (tmp_path / "job.yaml").write_text("name: demo\ntrain: {task: synthetic, max_steps: 1}\n")
+    env = {"AWS_ENDPOINT_URL": "http://minio:wJalrSECRET@127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": None}  # fmt: skip
+    result = run_orch("run", str(tmp_path / "job.yaml"), "--out", "s3://bkt/run", cwd=tmp_path, env=env)
+    assert (result.returncode, result.stderr.splitlines()) == (2, [
+        "error: AWS_ENDPOINT_URL carries credentials (user:password@ in http://minio:***@127.0.0.1:9): the "
+        "store's requests are signed with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; give the endpoint without them"
+    ])  # fmt: skip

@@ -346,3 +346,20 @@ def test_a_checkpoint_before_the_data_record_is_compared_on_its_split_only():
         "warning: the checkpoint at step 3 was written with world_size 4, now world_size 2: until the next epoch "
         "some samples may be read twice and others not at all (docs/tasks.md, Streaming datasets)"
     )
+
+
+def test_a_reader_error_names_the_shard_without_the_stores_secrets(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMIsecret")
+
+    def read(shard: str):
+        raise OSError(f"GET https://u:hunter22@store/{shard}?X failed, signed with wJalrXUtnFEMIsecret")
+        yield
+
+    stream = ShardedStream(shards=("a",), sizes=(16,), read=read)
+    layout = Layout(dataset_size=16, batch_size=16, micro_batch_size=16, world_size=1, seed=0)
+    with pytest.raises(StreamError) as caught:
+        read_ids(stream, layout, 0, 0, 1)
+    assert (
+        str(caught.value)
+        == "shard a could not be read: OSError: GET https://u:***@store/a?X failed, signed with ***"
+    )
