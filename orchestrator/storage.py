@@ -392,7 +392,11 @@ machine is taken over after this long unchanged."""
 
 
 class LeaseHeld(StorageError):
-    """Another run holds the lease; the message names it."""
+    """Another run holds the lease; the message names it, `holder` says who (job, host, pid)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def holder_identity() -> dict[str, Any]:
@@ -494,7 +498,8 @@ class Lease:
     def acquire(self, *, wait_seconds: float | None = None, say: Any = None) -> bool:
         """Take the lease, waiting up to `wait_seconds` (default 1.5 leases: long enough to see a dead
         holder's lease run out) for one another machine holds; LeaseHeld names a live holder. True once
-        held; False for a store that cannot do conditional writes (nothing held)."""
+        held; False when this process holds it already, or the store cannot do conditional writes (said:
+        nothing is held)."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -518,6 +523,8 @@ class Lease:
                 continue  # released in between: try again
             etag, holder = found
             alive = _alive_here(holder)
+            if alive and holder.get("pid") == os.getpid():
+                return False  # this process holds it already (an earlier holder of the same run)
             now = time.monotonic()
             if seen is None or seen[0] != etag:
                 seen = (etag, now)
@@ -533,7 +540,8 @@ class Lease:
                 raise LeaseHeld(
                     f"{self.url} is held by another run ({who or 'unknown'}), renewed within the last "
                     f"{self.seconds:g} s: one run at a time per prefix; wait for it to finish, or give this run "
-                    "its own prefix"
+                    "its own prefix",
+                    who or "unknown",
                 )
             if say and not told:
                 told = True

@@ -131,6 +131,10 @@ print("second done", flush=True)
 
 
 def test_a_kill_during_an_s3_save_leaves_the_previous_checkpoint_loadable(s3, tmp_path):
+    """kill -9 mid-upload, then a resume: the partial step-20 prefix (no marker) is never loaded, and removed.
+    #33: while the first run writes, a second run on the prefix is refused in one line naming it, and its
+    start does not remove the first's write in flight as a leftover; the lease the kill left behind is taken
+    over at once (its process is gone)."""
     url = "s3://bkt/kill/checkpoints"
     script = KILL_SCRIPT.format(repo=str(REPO_ROOT), store=str(tmp_path / "store"), url=url)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -140,12 +144,22 @@ def test_a_kill_during_an_s3_save_leaves_the_previous_checkpoint_loadable(s3, tm
     while not (partial.exists() and any(True for _ in partial.iterdir())):  # the first object of step 20
         assert time.monotonic() < deadline and process.poll() is None, "the write never started"
         time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (partial / checkpoint.MARKER).exists(), "the write finished before the kill"
-    assert checkpoint.newest_valid(storage.location(url))[0] == storage.location(url) / "step-00000010"
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store2", rank=0, world_size=1)
     try:
+        with pytest.raises(checkpoint.CheckpointError) as caught:
+            saver(url)  # a second run, while the first writes
+        host = storage.holder_identity()["host"]
+        assert str(caught.value) == (
+            f"checkpoint directory {url} is in use by another run (host {host}, pid {process.pid}; its lease "
+            "s3://bkt/kill/.checkpoints.orch-lock renewed within the last 30 s): one run at a time; wait for it "
+            "to finish, or give this run its own prefix (--out, output.url or train.checkpoint.dir)"
+        )
+        assert any(True for _ in partial.iterdir())  # the first run's write in flight was left alone
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert not (partial / checkpoint.MARKER).exists(), "the write finished before the kill"
+        assert checkpoint.newest_valid(storage.location(url))[0] == storage.location(url) / "step-00000010"
+        assert storage.location("s3://bkt/kill/.checkpoints.orch-lock").exists()  # what kill -9 leaves
         small = nn.Linear(4, 4)
         resumed = saver(url).load(module=small, optimizer=torch.optim.SGD(small.parameters(), lr=0.1))
         assert resumed.step == 10 and names(url) == ["step-00000010"]  # the leftover was removed
@@ -400,24 +414,6 @@ def test_a_pod_whose_store_cannot_be_written_stops_at_start_in_one_line(s3, tmp_
 LEASE_URL = "s3://bkt/run/.checkpoints.orch-lock"
 
 
-def test_a_second_run_on_a_prefix_is_refused_at_once_naming_the_first_and_takes_it_once_released(s3):
-    first = storage.Lease(LEASE_URL, lease_seconds=60)
-    assert first.acquire()
-    second = storage.Lease(LEASE_URL, lease_seconds=60)
-    started = time.monotonic()
-    with pytest.raises(storage.LeaseHeld) as caught:
-        second.acquire()  # a live process of this machine holds it: no waiting
-    assert time.monotonic() - started < 10
-    assert str(caught.value) == (
-        f"{LEASE_URL} is held by another run (host {first.me['host']}, pid {os.getpid()}), renewed within the last "
-        "60 s: one run at a time per prefix; wait for it to finish, or give this run its own prefix"
-    )
-    first.release()
-    assert names("s3://bkt/run") == []  # released: the object is gone
-    assert second.acquire()
-    second.release()
-
-
 def write_holder(url: str, holder: dict) -> str:
     """The lease object as another machine's run writes it; its ETag."""
     import obstore
@@ -485,16 +481,29 @@ time.sleep(600)
 """
 
 
-def test_a_lease_of_a_process_killed_on_this_machine_is_taken_over_at_once(s3):
-    """kill -9 leaves the lease object behind; its holder's pid is gone (or is another process now), which
-    this machine can tell at once: no waiting for the lease to run out."""
+def test_a_second_run_on_a_prefix_is_refused_at_once_and_a_killed_ones_lease_taken_over_at_once(s3):
+    """A run of this machine holds the prefix: a second is refused at once, naming it (no waiting: its process
+    is alive). kill -9 leaves the lease object behind, but its holder's process is gone, which this machine
+    can tell at once: taken over without waiting for the lease to run out. Released, the object is gone."""
     script = HOLD_SCRIPT.format(repo=str(REPO_ROOT), url=LEASE_URL)
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        lease = storage.Lease(LEASE_URL, lease_seconds=60)
+        started = time.monotonic()
+        with pytest.raises(storage.LeaseHeld) as caught:
+            lease.acquire()
+        assert time.monotonic() - started < 10
+        assert str(caught.value) == (
+            f"{LEASE_URL} is held by another run (host {lease.me['host']}, pid {holder.pid}), renewed within the "
+            "last 60 s: one run at a time per prefix; wait for it to finish, or give this run its own prefix"
+        )
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
     started = time.monotonic()
-    lease = storage.Lease(LEASE_URL, lease_seconds=60)
     assert lease.acquire(say=pytest.fail)  # nothing to wait for, nothing said
     assert time.monotonic() - started < 10
+    assert storage.Lease(LEASE_URL).acquire() is False  # this process holds it already
     lease.release()
+    assert names("s3://bkt/run") == []

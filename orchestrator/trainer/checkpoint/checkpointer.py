@@ -149,12 +149,17 @@ class Checkpointer:
         )
         self.remote = storage.is_remote(directory)
         self._lock: Any = None
+        self._lease: storage.Lease | None = None
         refused: str | None = None
         if rank == 0 and self.remote:
-            # (an object store has no lock: one run per prefix is the user's to keep)
-            for leftover in files.list_checkpoints(directory):  # writes that were killed: no marker
-                if leftover.is_dir() and not (leftover / files.MARKER).exists():
-                    storage.remove_tree(leftover)
+            try:
+                self._lease = lock.lease_prefix(directory)  # before anything under it is touched
+            except files.CheckpointError as error:
+                refused = str(error)
+            else:
+                for leftover in files.list_checkpoints(directory):  # writes that were killed: no marker
+                    if leftover.is_dir() and not (leftover / files.MARKER).exists():
+                        storage.remove_tree(leftover)
         elif rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
             try:
@@ -189,8 +194,12 @@ class Checkpointer:
         self.wait()  # one write in flight at a time
         final = files.path_for(self.directory, step)
         tmp = final if self.remote else self.directory / f".{final.name}.tmp"  # no rename on object stores
-        rng_states: list[Any] = [None] * self.world_size
-        dist.all_gather_object(rng_states, rng_state())
+        # (with rank 0's word on its lease: a run presumed dead and taken over writes nothing more)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (rng_state(), self._lease_lost()))
+        if gathered[0][1]:
+            raise files.CheckpointError(f"checkpoint at step {step} not written: {gathered[0][1]}")
+        rng_states = [state for state, _ in gathered]
         model_state, optimizer_state = get_state_dict(module, optimizer)
         extra = {**train_state, "step": step, "world_size": self.world_size, "parallel": self.mode,
                  "rng": rng_states}  # fmt: skip
@@ -304,6 +313,8 @@ class Checkpointer:
         checkpoint in place, rotate."""
         assert write.hashed is not None
         self._pending = None
+        if lost := self._lease_lost():  # not completed: the prefix is another run's now
+            raise files.CheckpointError(f"checkpoint at step {write.step} not completed: {lost}")
         try:
             hashed = {**files.collect_digests(write.tmp), **write.hashed}
             files.finalize(
@@ -439,11 +450,17 @@ class Checkpointer:
         else:
             seed_everything(seed + 7919 * state["step"], self.rank)
 
+    def _lease_lost(self) -> str | None:
+        return self._lease.lost if self._lease is not None else None
+
     def close(self) -> None:
         self.wait()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 def full_model_state(module: Any) -> dict[str, torch.Tensor]:

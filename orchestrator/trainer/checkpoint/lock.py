@@ -6,8 +6,12 @@ taken before anything in the directory is touched. A second run that shares the 
 with the same absolute `train.checkpoint.dir`, or a second job on the same volume) stops with one line
 naming the holder, instead of resuming from the first's live checkpoints and deleting its writes in flight.
 A holder on another host may be a node that died (an NFS lock lives on until its lease ends): its lock is
-waited for up to LOCK_WAIT_SECONDS first. An object store has no lock: one run per prefix is the user's to
-keep.
+waited for up to LOCK_WAIT_SECONDS first.
+
+An object store has no flock: rank 0 holds a lease there instead (storage.Lease: the object `.DIR.orch-lock`
+beside the prefix, created only if absent and renewed while the run lives), with the same effect: a second
+run stops with one line naming the holder; the lease of a run that was killed is taken over at once on the
+same machine, after one lease (ORCH_STORAGE_LEASE_SECONDS, 30 s) unrenewed from another.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from orchestrator import storage
 from orchestrator.trainer.checkpoint.files import CheckpointError
 
 LOCK_SUFFIX = ".orch-lock"
@@ -69,3 +74,28 @@ def lock_directory(directory: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) 
     lock.write(json.dumps(me) + "\n")
     lock.flush()
     return lock
+
+
+def lease_url(directory: Any) -> str:
+    """Where the lease of a checkpoint prefix lives: beside it, as the lock of a directory (inside it when
+    the prefix is a bucket's root, which has nothing beside it)."""
+    url = str(directory).rstrip("/")
+    head, _, name = url.partition("://")[2].rpartition("/")
+    if not head:
+        return f"{url}/{LOCK_SUFFIX}"
+    return f"{url.rpartition('/')[0]}/.{name}{LOCK_SUFFIX}"
+
+
+def lease_prefix(directory: Any) -> storage.Lease | None:
+    """Rank 0 on an object store: take the run's lease on the checkpoint prefix before anything under it is
+    touched. Raises CheckpointError naming the run that holds it."""
+    lease = storage.Lease(lease_url(directory))
+    try:
+        held = lease.acquire(say=lambda line: print(line, flush=True))
+    except storage.LeaseHeld as error:
+        raise CheckpointError(
+            f"checkpoint directory {directory} is in use by another run ({error.holder}; its lease "
+            f"{lease.url} renewed within the last {lease.seconds:g} s): one run at a time; wait for it to "
+            "finish, or give this run its own prefix (--out, output.url or train.checkpoint.dir)"
+        ) from None
+    return lease if held else None  # (None: this process holds it already, or the store cannot hold one)
