@@ -462,7 +462,10 @@ class Lease:
     def __init__(self, url: str, *, lease_seconds: float | None = None) -> None:
         self.url = url
         self.seconds = lease_seconds or _lease_seconds()
-        self.store, self.key = object_store(url)
+        # Requests bounded by the renewal period: a renewal stuck on a store that is down must not hold the
+        # run's end (release joins the renewer), and a lease not renewed in time is lost anyway.
+        third = max(1, int(self.seconds / 3))
+        self.store, self.key = object_store(url, request_seconds=third, retry_seconds=third)
         self.me = holder_identity()
         self.etag: str | None = None
         self.lost: str | None = None
