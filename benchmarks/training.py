@@ -375,6 +375,7 @@ def goodput_overhead(*, rounds: int, steps: int) -> dict[str, Any]:
 
     repeats = 20_000
     marks = min(timeit.repeat(one_step, number=repeats, repeat=5)) / repeats
+    beat, per_beat_steps = _one_beat(), 5.0 / best(off)  # the default heartbeat: every 5 s
     rows = [[name, ms(best(name)), ratio(best(name) / best(off)), ms(best(name, "cpu")),
              ratio(best(name, "cpu") / best(off, "cpu"))] for name in names]  # fmt: skip
     result = {
@@ -384,6 +385,8 @@ def goodput_overhead(*, rounds: int, steps: int) -> dict[str, Any]:
         "cpu_ratio_vs_off": {name: best(name, "cpu") / best(off, "cpu") for name in names},
         "marks_seconds_per_step": marks,
         "marks_share_of_step": marks / best(off),
+        "beat_seconds": beat,
+        "beat_share_of_step": beat / per_beat_steps / best(off),
         "rounds": rounds,
         "steps": steps,
     }
@@ -399,4 +402,35 @@ def goodput_overhead(*, rounds: int, steps: int) -> dict[str, Any]:
         f"  the phase marks (in both): {marks * 1e6:.2f} us per step = "
         f"{100 * result['marks_share_of_step']:.3f}% of the step"
     )
+    print(
+        f"  one beat of rank 0's thread (its heartbeat into a TCPStore, the journal's record and goodput): "
+        f"{beat * 1e6:.0f} us, every 5 s = {100 * result['beat_share_of_step']:.4f}% of each step"
+    )
     return result
+
+
+def _one_beat() -> float:
+    """What rank 0's heartbeat thread does every interval, timed in process: the journal's record written to
+    OUT and its goodput computed, and the heartbeat `set` into a c10d TCPStore (a store of its own here)."""
+    import json
+    import timeit
+
+    import torch.distributed as dist
+
+    from orchestrator.trainer import journal
+    from orchestrator.trainer.timeline import Timeline
+
+    workdir = harness.scratch_dir("orch-bench-beat-")
+    timeline = Timeline()
+    record = journal.Journal(timeline, places=[workdir / "goodput"], job_started=None)
+    record.begin(resumed_from=None)
+    store = dist.TCPStore("127.0.0.1", harness.free_port(), is_master=True, wait_for_workers=False)
+    where = timeline.where()
+
+    def beat() -> None:
+        record.flush()
+        record.account()
+        store.set("orch/heartbeat/rank-0", json.dumps({"step": where.step, "seq": where.seq, "phase": where.phase,
+                                                       "since": where.since, "beat": 0.0}))  # fmt: skip
+
+    return min(timeit.repeat(beat, number=50, repeat=5)) / 50

@@ -57,6 +57,10 @@ class Journal(NullJournal):
         self.ended: float | None = None
         self._lock = threading.Lock()  # the loop and the heartbeat's thread both write
         self._remote_written = 0.0
+        self._upload_lock = threading.Lock()
+        self._uploading = False
+        self._uploaded = 0.0
+        self._failed: set[str] = set()
         self._job_started = job_started
         self._previous: list[goodput.Attempt] = []
         self._job_record: float | None = None
@@ -110,16 +114,28 @@ class Journal(NullJournal):
         }
 
     def flush(self, *, remote: bool = False) -> None:
-        """Write the record: OUT's copy always, the store's at most every REMOTE_EVERY_SECONDS (or now)."""
+        """Write the record: OUT's copy now; the store's now when `remote` (a checkpoint, the end), else at
+        most every REMOTE_EVERY_SECONDS from a thread of its own, so a slow store never holds the heartbeat
+        (whose thread calls this) nor the loop."""
         with self._lock:
             record = self.record()
-            write_remote = len(self.places) > 1 and (
-                remote or time.monotonic() - self._remote_written >= REMOTE_EVERY_SECONDS
-            )
-            for place in self.places if write_remote else self.places[:1]:
-                self._write(place, self.name, record)
-            if write_remote:
-                self._remote_written = time.monotonic()
+            self._write(self.places[0], self.name, record)
+        if len(self.places) == 1:
+            return
+        if remote:
+            self._upload(record)
+        elif time.monotonic() - self._remote_written >= REMOTE_EVERY_SECONDS and not self._uploading:
+            self._remote_written, self._uploading = time.monotonic(), True
+            threading.Thread(target=self._upload, args=(record,), name="orch-journal", daemon=True).start()
+
+    def _upload(self, record: dict[str, Any]) -> None:
+        """The store's copy; one upload at a time, and never an older record over a newer one."""
+        with self._upload_lock:
+            if record["updated"] >= self._uploaded:
+                for place in self.places[1:]:
+                    self._write(place, self.name, record)
+                self._uploaded = record["updated"]
+            self._uploading = False
 
     def account(self) -> goodput.Goodput | None:
         """The job's goodput until now: the earlier attempts' records and this one's, live."""
@@ -136,8 +152,10 @@ class Journal(NullJournal):
                 import json
 
                 (place / name).write_text(json.dumps(record) + "\n")
-        except Exception as error:  # the journal must never take training down
-            log.warning("goodput: cannot write %s in %s (%s)", name, place, error)
+        except Exception as error:  # the journal must never take training down; said once per place
+            if str(place) not in self._failed:
+                self._failed.add(str(place))
+                log.warning("goodput: cannot write %s in %s (%s)", name, place, error)
 
 
 def build(
