@@ -333,7 +333,9 @@ def test_orch_run_out_s3_keeps_everything_in_the_store_and_resumes_at_another_wo
     root = storage.location("s3://bkt/digits")
     summary = json.loads((root / "summary.json").read_text())
     assert summary["resumed_from_step"] == 20 and summary["steps"] == 30 and summary["world_size"] == 1
-    assert names("s3://bkt/digits") == ["checkpoints", "model.pt", "summary.json", "tensorboard"]
+    assert names("s3://bkt/digits") == ["checkpoints", "goodput", "model.pt", "summary.json", "tensorboard"]
+    # the goodput journal lives in the store: the second run, in a new local folder, counts the first (#31)
+    assert (summary["goodput"]["attempts"], summary["goodput"]["lost_steps"]) == (2, 0)
     assert names("s3://bkt/digits/checkpoints") == ["step-00000020", "step-00000030"]
     assert any(p.name.startswith("events.out.tfevents") for p in (root / "tensorboard").iterdir())
     # the logs stay on this machine, in a new local directory per run
