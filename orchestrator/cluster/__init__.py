@@ -8,7 +8,9 @@ api_client, ...)`), so tests point it at an API emulator over real HTTP.
 
 - `errors`: the `ClusterError` family every failed request becomes.
   (What each job API reads from its objects is in orchestrator/apis/; the kinds in orchestrator/kube/kinds.py.)
-- `client`: `Cluster`, one namespace of one cluster; one method = one request, retried and translated.
+- `client`: `Cluster`, one namespace of one cluster; one method = one request (the verbs).
+- `session`: how one request is made: the deadline, bounded retries, the answer read and checked.
+- `failures`: what a failed request was (retry it?) and the `ClusterError` it becomes, in one line.
 - `rest`: the API's paths, sent through one of two transports (the official `ApiClient`, or urllib3).
 - `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
 - `objects`: submit (the job, then what it owns; all or nothing), prepare, roll back.
@@ -21,7 +23,7 @@ The names below are the package's public interface (what the commands use).
 
 from __future__ import annotations
 
-from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.connection import Target, connect, resolve_namespace
 from orchestrator.cluster.errors import (
     AlreadyExists,
@@ -53,6 +55,7 @@ from orchestrator.cluster.objects import (
     submit,
     submittable,
 )
+from orchestrator.cluster.session import poll_seconds
 from orchestrator.kube.kinds import Resource
 
 __all__ = [

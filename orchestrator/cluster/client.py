@@ -1,63 +1,27 @@
 """`Cluster`: one namespace of one cluster; each public method is one API request.
 
-Every request is retried a bounded number of times with exponential backoff on 429, 5xx and connection
-errors (`Retry-After` is honoured), except a connection refused before the server ever answered this command:
-nothing listens there, and waiting will not change that (it fails at once instead of after ~17 s of retries).
-Anything that still fails becomes a `ClusterError` whose message names the verb and resource, chained `from` the
-client's exception.
-
-A 403 is one of two things: an RBAC refusal (`<resource> is forbidden: User "..." cannot <verb> ...`,
-`Forbidden`), or an admission webhook's denial (`admission webhook "<name>" denied the request: ...`,
-controller-runtime sends `Denied` as 403: pkg/webhook/admission/response.go), which is `AdmissionDenied` and
-says the webhook's own words. A caller may name denials that are transient (`transient_denial`: a webhook that
-reads through a lagging informer cache, see apis/trainjob.py); those are retried with backoff until the
-deadline.
+A `Cluster` is a `Session` (session.py: the deadline, bounded retries, the answer read and checked as a
+JSON object, failures translated by failures.py) with the verbs: discovery (open to every authenticated
+user), then the objects: create, get, list (in pages), watch and observe (list, then watch from there), patch,
+delete, and a container's log line by line.
 
 Creates are sent with `fieldValidation=Strict`: a field the cluster's CRD does not know (an older operator
-version) is an error (`UnknownFields`, naming the fields) instead of being dropped silently. Reads ask for the raw JSON (`_preload_content=False`)
-so every object stays a plain dict, the shape `orch render` prints and `orchestrator.kube.read` reads.
-
-What the server answers is checked at this edge: an answer that is not a JSON object (an HTML login page
-with 200, a list where an object belongs, list items that are not objects) is a `ClusterError`, never a
-traceback further up. Parsing the objects' fields is `orchestrator.kube.read`'s job, and total.
-
-Deadline: talking to the API server is bounded by `request_timeout` seconds (`--request-timeout`,
-$ORCH_REQUEST_TIMEOUT, default 60; 0 = no limit), retries and backoff included. By default the bound covers
-every request the command makes; inside `patiently()` (waiting for a job, following logs, waiting for a
-deletion) it covers each request on its own. An unresponsive server therefore ends a command after that
-long, with a message that says so, instead of after retries x read timeouts (once over six minutes).
-
-Secrets: no message leaves this module with a credential in it. The server URL is shown without its
-password, and every message is scrubbed of the kubeconfig's credentials (`secrets`), including any a
-server echoes back.
+version) is an error (`UnknownFields`, naming the fields) instead of being dropped silently. Every answer
+stays a plain dict, the shape `orch render` prints and `orchestrator.kube.read` reads.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
-import json
 import math
-import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from orchestrator.cluster import rest
-from orchestrator.cluster.errors import (
-    RBAC_HINT,
-    AdmissionDenied,
-    AlreadyExists,
-    ClusterError,
-    ClusterUnreachable,
-    Expired,
-    Forbidden,
-    NotFound,
-    Unauthorized,
-    UnknownFields,
-)
-from orchestrator.errors import UsageError
+from orchestrator.cluster.errors import ClusterError, ClusterUnreachable, Expired, NotFound
+from orchestrator.cluster.session import CONNECT_TIMEOUT, Session
 from orchestrator.kube.kinds import (
     CONFIGMAP,
     CRD,
@@ -69,153 +33,15 @@ from orchestrator.kube.kinds import (
     VERSION,
     Resource,
 )
-from orchestrator.redaction import redact_url, scrub
 
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
-
-DEFAULT_NAMESPACE = "default"
-CONNECT_TIMEOUT = 10.0  # seconds one attempt may take to connect
 FOLLOW_READ_TIMEOUT = 300  # seconds a followed log may stay silent before orch reconnects
 MAX_LOG_LINE_BYTES = 2**20  # a longer log line is printed in pieces of this size (memory stays bounded)
-DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds orch waits for the API server, retries included (see module doc)
-
-# Tunables, from the environment so tests (and impatient users) can shorten them.
-REQUEST_TIMEOUT_ENV = "ORCH_REQUEST_TIMEOUT"  # the deadline; `--request-timeout` overrides it
-POLL_SECONDS_ENV = "ORCH_POLL_SECONDS"  # how often wait/logs -f/status re-read the job and its pods
-RETRIES_ENV = "ORCH_API_RETRIES"  # retries of one API call on 429/5xx/connection errors
-BACKOFF_ENV = "ORCH_API_BACKOFF_SECONDS"  # first retry delay; doubles each time, capped at MAX_BACKOFF
-READ_TIMEOUT_ENV = "ORCH_API_READ_TIMEOUT"  # seconds one attempt waits for an answer before retrying
-MAX_BACKOFF = 30.0
-MAX_DENIAL_BACKOFF = 2.0  # a transient denial lasts as long as an informer cache lags: seconds, not minutes
-MAX_DENIALS_UNBOUNDED = 30  # without a deadline (--request-timeout 0): about a minute of asking again
-
-# The API server's words for a webhook's denial (k8s.io/apiserver/pkg/admission/plugin/webhook/errors).
-ADMISSION_DENIAL = re.compile(
-    r'admission webhook "(?P<webhook>[^"]+)" denied the request: (?P<said>.*)', re.S
-)
-# A strict-decoding failure (fieldValidation=Strict): `... strict decoding error: unknown field "spec.x", ...`.
-UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
 PAGE_SIZE = 500  # objects per list page, as kubectl's --chunk-size: a 1,000-pod list is 2 bounded answers
 WATCH_SECONDS = 300  # one watch request's server-side timeout; then it is resumed from its resourceVersion
 
 
-def poll_seconds() -> float:
-    return _env_number(POLL_SECONDS_ENV, 2.0, minimum=0.01)
-
-
-def _env_number(name: str, default: float, *, minimum: float, maximum: float = 86400.0) -> float:
-    """A tunable from the environment: a finite number within [minimum, maximum], else a usage error naming
-    the variable (nothing was sent yet: a negative backoff or retry count must not reach a sleep or a loop)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not minimum <= value <= maximum:  # NaN fails both comparisons
-        shown = raw if len(raw) <= 20 else raw[:17] + "..."
-        raise UsageError(f"${name}: {shown!r} is not a number from {minimum:g} to {maximum:g}")
-    return value
-
-
-def request_timeout_from_env() -> float:
-    """$ORCH_REQUEST_TIMEOUT in seconds (a number, or a duration like 90s or 2m; 0: no limit), else the default."""
-    from orchestrator.job.durations import parse_duration
-
-    raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_REQUEST_TIMEOUT
-    if raw == "0":
-        return 0.0
-    try:
-        return float(parse_duration(raw))
-    except ValueError as e:  # nothing was sent: bad input, like a bad --request-timeout (exit 2)
-        raise UsageError(f"${REQUEST_TIMEOUT_ENV}: {e}; or 0 for no limit") from None
-
-
-def seconds(value: float) -> str:
-    return f"{value:g}s"
-
-
-class Cluster:
+class Cluster(Session):
     """One namespace of one cluster. Methods return plain dicts and raise `ClusterError`s."""
-
-    def __init__(
-        self,
-        transport: rest.Transport | ApiClient,
-        namespace: str = DEFAULT_NAMESPACE,
-        *,
-        server: str = "",
-        retries: int | None = None,
-        backoff: float | None = None,
-        request_timeout: float | None = None,
-        secrets: Iterable[str] = (),
-        kubectl_flags: tuple[str, ...] = (),
-    ) -> None:
-        if not hasattr(transport, "send"):  # an ApiClient (tests, callers of the official client)
-            transport = rest.OfficialTransport(transport)
-        self.transport: rest.Transport = transport  # type: ignore[assignment]
-        self.namespace = namespace
-        self.secrets = tuple(s for s in secrets if s)
-        self.server = scrub(server or redact_url(self.transport.host), self.secrets)
-        self.retries = (
-            int(_env_number(RETRIES_ENV, 5, minimum=0, maximum=100)) if retries is None else retries
-        )
-        self.backoff = (
-            _env_number(BACKOFF_ENV, 0.5, minimum=0, maximum=MAX_BACKOFF) if backoff is None else backoff
-        )
-        self.read_timeout = _env_number(READ_TIMEOUT_ENV, 60.0, minimum=0.1)
-        self.request_timeout = request_timeout_from_env() if request_timeout is None else request_timeout
-        self.kubectl_flags = kubectl_flags  # --context/--kubeconfig, for commands orch tells users to run
-        self._per_request = False  # inside patiently(): the deadline bounds each request, not all of them
-        self._deadline: float | None = None  # set by the first request (importing the client is not waiting)
-        self._answered = False  # whether the server answered any request yet (a refusal then means a restart)
-        self._streams: set[Any] = set()  # open watch and followed-log responses (`close_streams`)
-        # The API's paths, sent through the transport (rest.py says why not CoreV1Api & co.)
-        self.core = rest.CoreCalls(self.transport)
-        self.custom = rest.CustomCalls(self.transport)
-        self.calls = rest.ClusterCalls(self.transport)
-
-    # --- the deadline
-
-    def renew_deadline(self) -> None:
-        """Start a new `request_timeout` window for what follows (e.g. a rollback after a timeout)."""
-        self._deadline = time.monotonic() + self.request_timeout if self.request_timeout > 0 else None
-
-    @contextlib.contextmanager
-    def patiently(self) -> Iterator[None]:
-        """Within: orch waits for the job, not for the server, so the deadline bounds each request alone."""
-        outer = self._per_request
-        self._per_request = True
-        try:
-            yield
-        finally:
-            self._per_request = outer
-            self.renew_deadline()
-
-    def close_streams(self) -> None:
-        """End every open watch and followed log now (their readers see the stream break off): a command
-        that is done must not leave threads blocked on sockets while the interpreter shuts down."""
-        for response in list(self._streams):
-            with contextlib.suppress(Exception):
-                response.shutdown()
-
-    @contextlib.contextmanager
-    def _open(self, response: Any) -> Iterator[Any]:
-        self._streams.add(response)
-        try:
-            yield response
-        finally:
-            self._streams.discard(response)
-            if not getattr(response, "closed", True):  # left before its end (a 410 event): its rest is
-                response.close()  # still to come, so the connection cannot serve another request
-            response.release_conn()
-
-    def kubectl(self, *args: str) -> str:
-        """A kubectl command line for the user, aimed at this cluster and namespace."""
-        return " ".join(["kubectl", *self.kubectl_flags, "-n", self.namespace, *args])
 
     # --- discovery (open to every authenticated user; most users may not read CRDs)
 
@@ -422,10 +248,10 @@ class Cluster:
         import urllib3
 
         try:
-            for line in _lines(response, max_line=rest.MAX_ANSWER_BYTES):
+            for line in rest.lines(response, max_line=rest.MAX_ANSWER_BYTES):
                 if not line.strip():
                     continue
-                event = _json(line)
+                event = rest.parse_json(line)
                 if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
                     raise self._not_the_api("watch", resource, name, "application/json", line)
                 if event.get("type") == "ERROR":
@@ -526,227 +352,11 @@ class Cluster:
             if opened is not None:
                 opened(response)
             try:
-                yield from _lines(response, max_line=MAX_LOG_LINE_BYTES, cut=True)
+                yield from rest.lines(response, max_line=MAX_LOG_LINE_BYTES, cut=True)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 # A followed stream breaks when the container exits or the connection drops: the follower
                 # reads on from the last line it got, so the lines the server still has are not lost.
                 raise ClusterUnreachable(self._scrub(f"the log stream of pod {pod} broke off: {e}")) from e
-
-    # --- one request: retries, deadline, translation
-
-    def _request(
-        self,
-        verb: str,
-        resource: Resource,
-        name: str | None,
-        fn: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        """`_call`, and its answer as a JSON object (anything else is the server's error, said so), read
-        within the same deadline and at most `rest.MAX_ANSWER_BYTES`."""
-        import urllib3
-
-        deadline = self._call_deadline()
-        response = self._call(verb, resource, name, fn, *args, _deadline=deadline, **kwargs)
-        try:
-            data = rest.read_body(response, limit=rest.MAX_ANSWER_BYTES, deadline=deadline)
-        except rest.AnswerTooSlow as e:
-            raise self._expired(verb, resource, name, e) from e
-        except rest.AnswerTooLarge as e:
-            what = f"{resource} {name}" if name else str(resource)
-            raise ClusterError(
-                self._scrub(
-                    f"the answer to {verb} {what} from {self.server} is {e}, more than an API server sends "
-                    "for one request; is the server URL in the kubeconfig right?"
-                )
-            ) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:  # the connection broke while the body came
-            raise ClusterUnreachable(
-                self._scrub(f"the answer to {verb} {resource} from {self.server} broke off: {_reason(e)}")
-            ) from e
-        headers = getattr(response, "headers", None) or {}
-        return self._decode(data, headers.get("Content-Type"), verb, resource, name)
-
-    def _call(
-        self,
-        verb: str,
-        resource: Resource,
-        name: str | None,
-        fn: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        """`fn(*args)` with bounded retries on 429/5xx/connection errors (and on a transient admission denial,
-        until the deadline), within the deadline; failures become ClusterErrors. A `_request_timeout` given by
-        the caller (a followed log) is kept as is."""
-        import urllib3
-
-        kwargs.setdefault("_preload_content", False)
-        fixed_timeout = kwargs.pop("_request_timeout", None)
-        transient_denial: re.Pattern[str] | None = kwargs.pop("_transient_denial", None)
-        deadline = kwargs.pop("_deadline") if "_deadline" in kwargs else self._call_deadline()
-        last_error: Exception | None = None
-        attempt = denials = 0
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise self._expired(verb, resource, name, last_error)
-            if fixed_timeout is not None:
-                timeout: Any = fixed_timeout
-            elif remaining is None:
-                timeout = (CONNECT_TIMEOUT, self.read_timeout)
-            else:
-                timeout = (min(CONNECT_TIMEOUT, remaining), min(self.read_timeout, remaining))
-            try:
-                answer = fn(*args, _request_timeout=timeout, **kwargs)
-                self._answered = True
-                return answer
-            except rest.HttpError as e:
-                self._answered = True
-                denied = _admission_denial(e)
-                if denied and transient_denial is not None and transient_denial.search(denied[1]):
-                    # the webhook has not seen what it looks up yet: ask again until the deadline
-                    delay = min(self.backoff * 2**denials, MAX_DENIAL_BACKOFF)
-                    denials += 1
-                    out_of_time = deadline is not None and time.monotonic() + delay >= deadline
-                    if out_of_time or (deadline is None and denials > MAX_DENIALS_UNBOUNDED):
-                        raise self._translate(e, verb, resource, name) from e
-                    time.sleep(delay)
-                    continue
-                if attempt == self.retries or not _retryable(e.status):
-                    raise self._translate(e, verb, resource, name) from e
-                last_error, delay = e, _retry_after(e) or self.backoff * 2**attempt
-            except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS...
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise self._expired(verb, resource, name, e) from e
-                # Like a refusal: TLS failing before the server ever answered will fail the same way again.
-                if not self._answered and (tls := _tls_failure(e)):
-                    raise ClusterUnreachable(
-                        self._scrub(f"cannot reach the Kubernetes API at {self.server}: TLS: {tls}")
-                    ) from e
-                # Refused before the server ever answered: nothing listens at that address. Retrying is for
-                # a server that answered and then went away for a moment (a restart, a load balancer).
-                if attempt == self.retries or (_refused(e) and not self._answered):
-                    tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
-                    raise ClusterUnreachable(
-                        self._scrub(
-                            f"cannot reach the Kubernetes API at {self.server} after {tries}: {_reason(e)}"
-                        )
-                    ) from e
-                last_error, delay = e, self.backoff * 2**attempt
-            attempt += 1
-            delay = min(delay, MAX_BACKOFF)
-            if deadline is not None and time.monotonic() + delay >= deadline:
-                raise self._expired(verb, resource, name, last_error) from last_error
-            time.sleep(delay)
-
-    def _call_deadline(self) -> float | None:
-        if self.request_timeout <= 0:
-            return None
-        if self._per_request:
-            return time.monotonic() + self.request_timeout
-        if self._deadline is None:
-            self.renew_deadline()
-        return self._deadline
-
-    def _expired(
-        self, verb: str, resource: Resource, name: str | None, last: Exception | None
-    ) -> ClusterUnreachable:
-        what = f"{resource} {name}" if name else str(resource)
-        said = ""
-        if last is not None:
-            status = getattr(last, "status", None)
-            said = f"; last: HTTP {status} {_status_message(last)}" if status else f"; last: {_reason(last)}"
-        return ClusterUnreachable(
-            self._scrub(
-                f"the Kubernetes API at {self.server} did not answer within {seconds(self.request_timeout)} "
-                f"(--request-timeout, or ${REQUEST_TIMEOUT_ENV}, sets how long orch waits): {verb} {what}{said}"
-            )
-        )
-
-    def _decode(
-        self, data: bytes, content_type: str | None, verb: str, resource: Resource, name: str | None
-    ) -> dict[str, Any]:
-        answer = _json(data) if data else {}
-        if isinstance(answer, dict):
-            return answer
-        raise self._not_the_api(verb, resource, name, content_type or "no content type", data)
-
-    def _items(self, verb: str, resource: Resource, answer: dict[str, Any]) -> builtins.list[dict[str, Any]]:
-        """The `items` of a List answer; each one must be an object."""
-        items = answer.get("items")
-        if items is None:
-            return []
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise self._not_the_api(verb, resource, None, "application/json", json.dumps(answer)[:200])
-        return items
-
-    def _not_the_api(
-        self, verb: str, resource: Resource, name: str | None, content_type: str, data: Any
-    ) -> ClusterError:
-        what = f"{resource} {name}" if name else str(resource)
-        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
-        text = " ".join(text.split())
-        text = text if len(text) <= 80 else text[:77] + "..."
-        return ClusterError(
-            self._scrub(
-                f"the answer to {verb} {what} from {self.server} is not a Kubernetes API answer "
-                f"({content_type.split(';')[0]}: {text or 'empty'}); is the server URL in the kubeconfig "
-                "right? (a proxy or a login page may be answering in its place)"
-            )
-        )
-
-    def _scrub(self, text: str) -> str:
-        return scrub(text, self.secrets)
-
-    def _translate(self, e: Any, verb: str, resource: Resource, name: str | None) -> ClusterError:
-        what = f"{resource} {name}" if name else str(resource)
-        where = f'in namespace "{self.namespace}"'
-        said = self._scrub(_status_message(e))
-        if 300 <= e.status <= 399:
-            return ClusterError(
-                self._scrub(
-                    f"the API server at {self.server} answered {verb} {what} with a redirect (HTTP {e.status}) "
-                    f"to {_location(e)}; orch follows none, so that no token or client certificate goes to a "
-                    "server the kubeconfig does not name: if that is the API server, make it the kubeconfig's "
-                    "server"
-                )
-            )
-        if e.status == 401:
-            return Unauthorized(
-                f"unauthorized: the API server at {self.server} rejected orch's credentials "
-                f"({verb} {what}): {said}. Check the kubeconfig user/token (is it expired?)"
-            )
-        if e.status == 403:
-            if denied := _admission_denial(e):
-                webhook, words = denied
-                return AdmissionDenied(
-                    self._scrub(
-                        f"the cluster's admission webhook {webhook} refused {verb} {what} {where}: {words}"
-                    )
-                )
-            return Forbidden(f"forbidden: you may not {verb} {what} {where} ({said}). {RBAC_HINT}")
-        if e.status in (400, 422) and (fields := UNKNOWN_FIELD.findall(said)) and "strict decoding" in said:
-            listed = ", ".join(fields)
-            return UnknownFields(
-                f"the cluster's {resource.kind} CRD has no field {listed} ({verb} {what} {where}): {said}",
-                fields=tuple(fields),
-            )
-        if e.status == 404:
-            return NotFound(f"{what} not found {where}")
-        if e.status == 409:
-            return AlreadyExists(f"{what} already exists {where}")
-        if e.status == 410:
-            return Expired(f"{verb} {what} {where}: {said}")
-        if e.status == 429:
-            return ClusterError(
-                f"{verb} {what} {where}: the API server is throttling requests (HTTP 429: {said}) and still was "
-                f"after {self.retries} retries; try again later"
-            )
-        return ClusterError(
-            f"{verb} {what} {where} failed: HTTP {e.status} {self._scrub(str(e.reason))}: {said}"
-        )
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -763,157 +373,3 @@ def _selector_value(value: str) -> str:
 def _resource_version(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
-
-
-def _reason(e: Exception) -> str:
-    return str(getattr(e, "reason", None) or e)
-
-
-def _admission_denial(e: Any) -> tuple[str, str] | None:
-    """(webhook, its words) when a 403 is an admission webhook's denial rather than an RBAC refusal."""
-    if getattr(e, "status", None) != 403:
-        return None
-    found = ADMISSION_DENIAL.search(_status_message(e))
-    return (found["webhook"], found["said"].strip()) if found else None
-
-
-def _refused(e: Exception) -> bool:
-    """Whether a connection error is "connection refused" (somewhere in its chain of causes)."""
-    seen: BaseException | None = e
-    for _ in range(8):  # MaxRetryError -> NewConnectionError -> ConnectionRefusedError; never a cycle
-        if seen is None or isinstance(seen, ConnectionRefusedError):
-            break
-        reason = getattr(seen, "reason", None)
-        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
-    return isinstance(seen, ConnectionRefusedError)
-
-
-def _tls_failure(e: Exception) -> str | None:
-    """What failed, when a connection error is a TLS failure (a certificate the kubeconfig's CA did not sign,
-    a client certificate the server refused...): one line, without urllib3's wrapping."""
-    import ssl
-
-    import urllib3
-
-    seen: BaseException | None = e
-    tls: BaseException | None = None
-    for _ in range(8):  # MaxRetryError -> SSLError -> ssl.SSLCertVerificationError
-        if seen is None:
-            break
-        if isinstance(seen, ssl.SSLError | urllib3.exceptions.SSLError):
-            tls = seen
-        reason = getattr(seen, "reason", None)
-        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
-    if tls is None:
-        return None
-    said = str(getattr(tls, "verify_message", None) or getattr(tls, "reason", None) or tls)
-    # the official client hands on only the text of urllib3's error: the verifier's words are inside it
-    unverified = not isinstance(tls, ssl.SSLCertVerificationError) and re.search(
-        r"certificate verify failed: (.+?) \(_ssl\.c", str(tls)
-    )
-    if unverified:
-        said = unverified[1]
-    said = " ".join(said.split())
-    if not isinstance(tls, ssl.SSLCertVerificationError) and not unverified:
-        return said
-    if said.startswith("Hostname mismatch"):
-        return f"certificate verify failed: {said} (the kubeconfig's server, or its tls-server-name)"
-    return f"certificate verify failed: {said} (is the kubeconfig's certificate-authority the cluster's CA?)"
-
-
-def _location(e: Any) -> str:
-    """Where a redirect points, shown without credentials or query (either may hold a token)."""
-    from urllib.parse import urlsplit
-
-    try:
-        raw = str((e.headers or {}).get("Location") or "")
-        parts = urlsplit(raw)
-        host, port = parts.hostname, parts.port
-    except (AttributeError, TypeError, ValueError):  # a Location that is no URL (a bad port, a bad host)
-        return "an unreadable Location"
-    if not raw:
-        return "no Location"
-    where = f"{parts.scheme}://{host}{f':{port}' if port else ''}" if host else "this server"
-    shown = where + parts.path
-    return shown if len(shown) <= 80 else shown[:77] + "..."
-
-
-def _retryable(status_code: int | None) -> bool:
-    return status_code == 429 or (status_code is not None and 500 <= status_code <= 599)
-
-
-def _retry_after(e: Any) -> float | None:
-    """The server's `Retry-After` in seconds (RFC 9110: a number of seconds or an HTTP date), None if it
-    sent none or nothing readable (then orch's own backoff). Never negative; the caller caps it."""
-    try:
-        headers: Any = e.headers or {}
-        raw = str(headers.get("Retry-After") or "").strip()
-    except (AttributeError, TypeError):
-        return None
-    if not raw:
-        return None
-    if re.fullmatch(r"[0-9]+", raw):
-        # a 1000-digit number means "later", not an int to convert
-        return float(raw) if len(raw) <= 9 else 1e9
-    import email.utils
-
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:  # RFC 9110's dates are GMT; a date without a zone is not one of them
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _status_message(e: Any) -> str:
-    """The API server's own explanation (a `Status` object's message), else the HTTP reason."""
-    answer = _json(getattr(e, "body", None) or "")
-    message = answer.get("message") if isinstance(answer, dict) else None
-    return message if isinstance(message, str) and message else str(e.reason or "")
-
-
-def _lines(response: Any, *, max_line: int, cut: bool = False) -> Iterator[str]:
-    """Lines from a streamed HTTP response as they arrive (the last one even without a newline). A line
-    longer than `max_line` bytes is `rest.AnswerTooLarge`, or with `cut` given in pieces of that size (a
-    log line of a gigabyte is printed, not held whole)."""
-
-    def pieces(line: bytes | bytearray) -> Iterator[str]:
-        if len(line) > max_line and not cut:
-            raise rest.AnswerTooLarge(max_line)
-        for start in range(0, max(len(line), 1), max_line):
-            yield line[start : start + max_line].decode("utf-8", errors="replace")
-
-    buffer = bytearray()  # the line still arriving
-    # urllib3's stream: pieces of at most CHUNK_BYTES as they come (a chunked answer: each chunk), and a
-    # stream cut off (a shutdown, a dropped connection) raises instead of ending as if complete
-    pieces_of = getattr(response, "stream", None)
-    stream = pieces_of(rest.CHUNK_BYTES, decode_content=True) if pieces_of else rest.chunks(response)
-    for chunk in stream:
-        *complete, tail = chunk.split(b"\n")
-        for line in complete:
-            buffer += line
-            yield from (piece.rstrip("\r") for piece in pieces(buffer))
-            buffer = bytearray()
-        buffer += tail
-        if len(buffer) > max_line:
-            if not cut:
-                raise rest.AnswerTooLarge(max_line)
-            whole = (len(buffer) - 1) // max_line * max_line  # the rest, 1 to max_line bytes, waits for more
-            yield from pieces(buffer[:whole])
-            del buffer[:whole]
-    if buffer:
-        yield from pieces(buffer)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _json(data: bytes | str) -> Any:
-    """JSON as the API server writes it, or None: Python's NaN/Infinity extension is not JSON (no API
-    field holds one), and nesting deep enough to exhaust the parser's stack is no API object either."""
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except (TypeError, ValueError, RecursionError):
-        return None

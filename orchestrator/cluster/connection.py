@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator import naming
-from orchestrator.cluster.client import DEFAULT_NAMESPACE, Cluster, redact_url, scrub
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import KubeconfigError
+from orchestrator.cluster.session import DEFAULT_NAMESPACE
 from orchestrator.job.yaml_positions import positions
+from orchestrator.redaction import redact_url, scrub
 
 if TYPE_CHECKING:
     from orchestrator.cluster.rest import LeanTransport

@@ -31,8 +31,9 @@ from typing import Any
 
 from orchestrator import status
 from orchestrator.cluster import jobs
-from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden
+from orchestrator.cluster.session import poll_seconds
 from orchestrator.errors import UsageError
 from orchestrator.kube import read
 from orchestrator.kube.kinds import POD

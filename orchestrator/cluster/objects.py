@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator import naming
 from orchestrator.apis import AUTO, JobAPI, all_apis, by_key
 from orchestrator.cluster import jobs
-from orchestrator.cluster.client import Cluster, poll_seconds
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import (
     AlreadyExists,
     ClusterError,
@@ -37,6 +37,7 @@ from orchestrator.cluster.errors import (
     OperatorNotInstalled,
     UnknownFields,
 )
+from orchestrator.cluster.session import poll_seconds
 from orchestrator.kube.kinds import CONFIGMAP, PODMONITOR, Resource
 
 

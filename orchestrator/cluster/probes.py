@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 from orchestrator import naming
 from orchestrator.apis import JobAPI, all_apis
-from orchestrator.cluster.client import Cluster, _status_message
+from orchestrator.cluster.client import Cluster
 from orchestrator.cluster.errors import ClusterError, Forbidden, NotFound, Unauthorized
+from orchestrator.cluster.failures import status_message
 from orchestrator.kube import read
 from orchestrator.kube.kinds import KUEUE_GROUP, PODMONITOR
 
@@ -94,7 +95,7 @@ def _answered(refused: dict[str, dict[str, Any]], what: str, ask: Callable[[], T
         raise
     except (Forbidden, NotFound) as e:
         status = 403 if isinstance(e, Forbidden) else 404
-        said = _status_message(e.__cause__) if e.__cause__ is not None else str(e)
+        said = status_message(e.__cause__) if e.__cause__ is not None else str(e)
         refused[what] = {"status": status, "said": said, "error": str(e)}
         return default
 

@@ -14,8 +14,8 @@ Neither uses the generated API classes (`CoreV1Api`, `CustomObjectsApi`): orch r
 Each method has the name and positional arguments of the generated method it replaces; keyword arguments are
 the same query parameters in snake case (`label_selector`, `_continue`, `tail_lines`...). Both transports
 answer the same way: the urllib3 response (unread) for a 2xx, `HttpError` for any other status, urllib3's
-exceptions for a connection that failed (a TLS failure included), so `Cluster`'s retries and translation do
-not know which one sent the request.
+exceptions for a connection that failed (a TLS failure included), so the session's retries and translation
+(session.py, failures.py) do not know which one sent the request.
 
 Paths are built by `_path` from their parts: a part that client-go's request builder refuses
 (apimachinery's IsValidPathSegmentName: empty, `.`, `..`, a `/` or a `%`) is refused before anything is
@@ -23,10 +23,12 @@ sent, and every part is percent-quoted, so no value (a namespace, a name, one th
 reach another namespace, kind or object, or add a query. (The commands and `orchestrator.api` refuse a bad
 job name or namespace before that, naming the argument: naming.py's rules.)
 
-Neither follows a redirect: a 3xx is handed back as an `HttpError` like any other status (client.py says it
+Neither follows a redirect: a 3xx is handed back as an `HttpError` like any other status (failures.py says it
 in one line), so a bearer token or a client certificate is never presented to a server the kubeconfig does
-not name. Bodies are read as they arrive (`chunks`), bounded in size and in time (`read_body`): a server
-that sends without end, or one byte at a time, cannot hold a command past its deadline or fill its memory.
+not name. Bodies are read as they arrive (`chunks`), bounded in size and in time (`read_body`; a stream line by
+line: `lines`): a server that sends without end, or one byte at a time, cannot hold a command past its
+deadline or fill its memory. `parse_json` reads JSON as an API server writes it (no NaN, no nesting past
+the parser's stack).
 """
 
 from __future__ import annotations
@@ -108,6 +110,52 @@ def read_body(response: Any, *, limit: int, deadline: float | None, truncate: bo
             with contextlib.suppress(Exception):
                 response.close()
     return bytes(data[:limit])
+
+
+def lines(response: Any, *, max_line: int, cut: bool = False) -> Iterator[str]:
+    """Lines from a streamed HTTP response as they arrive (the last one even without a newline). A line
+    longer than `max_line` bytes is `AnswerTooLarge`, or with `cut` given in pieces of that size (a
+    log line of a gigabyte is printed, not held whole)."""
+
+    def pieces(line: bytes | bytearray) -> Iterator[str]:
+        if len(line) > max_line and not cut:
+            raise AnswerTooLarge(max_line)
+        for start in range(0, max(len(line), 1), max_line):
+            yield line[start : start + max_line].decode("utf-8", errors="replace")
+
+    buffer = bytearray()  # the line still arriving
+    # urllib3's stream: pieces of at most CHUNK_BYTES as they come (a chunked answer: each chunk), and a
+    # stream cut off (a shutdown, a dropped connection) raises instead of ending as if complete
+    pieces_of = getattr(response, "stream", None)
+    stream = pieces_of(CHUNK_BYTES, decode_content=True) if pieces_of else chunks(response)
+    for chunk in stream:
+        *complete, tail = chunk.split(b"\n")
+        for line in complete:
+            buffer += line
+            yield from (piece.rstrip("\r") for piece in pieces(buffer))
+            buffer = bytearray()
+        buffer += tail
+        if len(buffer) > max_line:
+            if not cut:
+                raise AnswerTooLarge(max_line)
+            whole = (len(buffer) - 1) // max_line * max_line  # the rest, 1 to max_line bytes, waits for more
+            yield from pieces(buffer[:whole])
+            del buffer[:whole]
+    if buffer:
+        yield from pieces(buffer)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(data: bytes | str) -> Any:
+    """JSON as the API server writes it, or None: Python's NaN/Infinity extension is not JSON (no API
+    field holds one), and nesting deep enough to exhaust the parser's stack is no API object either."""
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def _error_body(response: Any, timeout: Any) -> str:
