@@ -570,17 +570,3 @@ def _access_check(facts: dict[str, Any], key: str, kind: str) -> Check:
             "ask an admin to bind manifests/rbac.yaml's Role to you, or pick another -n",
         )
     return Check(f"permissions ({kind})", OK, f"may create {plural} in namespace {namespace}")
-
-
-def format_table(checks: list[Check]) -> str:
-    width = max(len(check.name) for check in checks)
-    lines = []
-    for check in checks:
-        line = f"{check.status:<4}  {check.name:<{width}}  {check.detail}"
-        if check.fix and check.status != OK:
-            line += f"\n      {'':<{width}}  fix: {check.fix}"
-        lines.append(line)
-    failed = sum(check.status == FAIL for check in checks)
-    warned = sum(check.status == WARN for check in checks)
-    lines.append(f"{failed} failed, {warned} warnings, {len(checks) - failed - warned} ok")
-    return "\n".join(lines)

@@ -1,10 +1,11 @@
 """Names orch writes into Kubernetes objects and reads back: labels, container/port names, object names.
 
-Rendering (orchestrator/rendering/) writes these; the cluster side (cluster/, status.py) selects and reads with the same
-constants, so a rename happens in one place. What one job API alone names (its controller's labels, its
-container) lives in that API's module (orchestrator/apis/). The name rules are here too: the job file's
-`name:`/`namespace:` and every name a command or `orchestrator.api` is given (`job_name_problem`,
-`namespace_problem`) obey the same ones. Imports nothing of orch.
+Rendering (orchestrator/rendering/) writes these; the reading side (cluster/, kube/read.py, status.py, the
+API modules' readers) selects and reads with the same constants, so a rename happens in one place. What one
+job API alone names (its controller's labels, its container) lives in that API's module (orchestrator/apis/).
+The name rules are here too: the job file's `name:`/`namespace:` and every name a command or
+`orchestrator.api` is given (`job_name_problem`, `namespace_problem`) obey the same ones. Imports nothing of
+orch.
 """
 
 from __future__ import annotations

@@ -140,6 +140,7 @@ def doctor(
     import json
 
     from orchestrator import doctor as doctor_lib
+    from orchestrator.commands import tables
     from orchestrator.errors import UsageError
 
     if overrides and not job_file:
@@ -152,5 +153,5 @@ def doctor(
     if output == "json":
         click.echo(json.dumps([check.as_dict() for check in checks], indent=2))
     else:
-        click.echo(doctor_lib.format_table(checks))
+        click.echo(tables.format_checks(checks))
     return 1 if any(check.status == doctor_lib.FAIL for check in checks) else 0

@@ -1,6 +1,6 @@
-"""The text `orch status`, `orch list` and `orch top` print: tables of the job's status model
-(orchestrator/status.py) and of its metrics (orchestrator/top.py). `-o json` prints the models themselves;
-this is only their text form.
+"""The text `orch status`, `orch list`, `orch top` and `orch doctor` print: tables of the job's status model
+(orchestrator/status.py), of its metrics (orchestrator/top.py) and of its checks (orchestrator/doctor.py).
+`-o json` prints the models themselves; this is only their text form.
 
 Every line of `orch status` and `orch list` goes through `redaction.shown`: what a server or a job's free text
 holds cannot add lines (or colours) to orch's output.
@@ -15,6 +15,7 @@ from orchestrator.redaction import shown
 
 if TYPE_CHECKING:
     from orchestrator import top
+    from orchestrator.doctor import Check
     from orchestrator.status import JobStatus, Straggler
 
 
@@ -259,4 +260,21 @@ def format_summary(summary: top.Summary) -> str:
         widths = [max(len(t[i]) for t in table) for i in range(5)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip() for t in table]
     lines += ["", f"(every rank: orch top {summary.job} --all)"]
+    return "\n".join(lines)
+
+
+def format_checks(checks: list[Check]) -> str:
+    """`orch doctor`'s table: one line per check (its fix below a WARN or FAIL), then the counts."""
+    from orchestrator.doctor import FAIL, OK, WARN
+
+    width = max(len(check.name) for check in checks)
+    lines = []
+    for check in checks:
+        line = f"{check.status:<4}  {check.name:<{width}}  {check.detail}"
+        if check.fix and check.status != OK:
+            line += f"\n      {'':<{width}}  fix: {check.fix}"
+        lines.append(line)
+    failed = sum(check.status == FAIL for check in checks)
+    warned = sum(check.status == WARN for check in checks)
+    lines.append(f"{failed} failed, {warned} warnings, {len(checks) - failed - warned} ok")
     return "\n".join(lines)
