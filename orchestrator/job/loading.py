@@ -395,7 +395,7 @@ def _problems(data: dict[str, Any], error: ValidationError) -> list[tuple[FieldP
     found: list[tuple[FieldPath, str]] = []
     seen: set[FieldPath] = set()
     for entry in error.errors(include_url=False):
-        path = _data_path(data, entry)
+        path = data_path(data, entry)
         if entry["type"] == "default_factory_not_called":  # a default computed from a field found wrong
             continue
         if entry["type"] == fields.FieldError.TYPE:
@@ -435,11 +435,12 @@ def _tracking_problem(job: spec_models.JobSpec, *, where: str) -> tuple[str, str
     return job.tracking_problem({**os.environ, **in_pods}, in_pod=False)
 
 
-def _data_path(data: Any, error: Mapping[str, Any]) -> FieldPath:
-    """The part of a pydantic error location that is a path in the data. pydantic adds union members and
-    validator names ("int", "function-after[...]") to it; a part is kept when the data holds it there (a key
-    of that mapping, an index of that list), so a key that looks like one of those ("volumes[0]") is kept.
-    The field a `missing` error names is not in the data: it is kept as the last part."""
+def data_path(data: Any, error: Mapping[str, Any]) -> FieldPath:
+    """The part of a pydantic error location that is a path in the data (the job file's, the sweep file's).
+    pydantic adds union members and validator names ("int", "function-after[...]") to it; a part is kept when
+    the data holds it there (a key of that mapping, an index of that list), so a key that looks like one of
+    those ("volumes[0]") is kept. The field a `missing` error names is not in the data: it is kept as the
+    last part."""
     loc = list(error["loc"])
     missing = loc.pop() if error["type"] == "missing" and loc else None
     path: list[str | int] = []

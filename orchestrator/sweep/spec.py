@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -297,7 +297,7 @@ def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local"
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         cause = (first.get("ctx") or {}).get("error")
-        parts = _data_path(data, first["loc"], missing=first["type"] == "missing")
+        parts = loading.data_path(data, first)
         if first["type"].startswith("union_tag"):
             parts = (*parts, "type")
         if isinstance(cause, _Problem):
@@ -410,20 +410,6 @@ def _read(file: Path) -> str:
         if "no such file" in error.reason:
             raise SpecError("no such file (docs/sweeps.md shows a sweep file)", file=str(file)) from None
         raise
-
-
-def _data_path(data: Any, loc: Sequence[Any], *, missing: bool) -> FieldPath:
-    """The part of a pydantic location that is a path in the data (it adds union tags such as 'float');
-    a `missing` field is named last, and placed at its mapping."""
-    path: list[str | int] = []
-    target = data
-    for part in loc:
-        in_mapping = isinstance(target, dict) and part in target
-        in_list = isinstance(target, list) and isinstance(part, int) and 0 <= part < len(target)
-        if in_mapping or in_list:
-            target = target[part]
-            path.append(part)
-    return (*path, loc[-1]) if missing and loc else tuple(path)
 
 
 def _message(error: Mapping[str, Any]) -> str:
