@@ -21,7 +21,9 @@ in the table below, with who writes it, and its writer and reader use the name.
       preflight.json          the trainer (every rank): the pre-flight check's verdict (train.preflight)
       .orch-starts/           a pod's launcher: how often each pod started (restart.policy: exit-code)
       objective.json          the trainer (rank 0), in an `orch sweep` trial: its objective at each value
-      prune.request           orch sweep: created to stop the trial as pruned (the trainer's stop path)
+                              (also uploaded to output.url, where `orch sweep --cluster` reads it)
+      prune.request           orch sweep: created to stop the trial as pruned (the trainer's stop path);
+                              a cluster trial's is in its store, OUTPUT_URL/prune.request
       console.log             orch sweep: what the trial's `orch run` printed
       goodput/                the trainer (rank 0 of each attempt): the goodput journal (orchestrator/goodput.py)
       hang.json               the trainer (the rank that noticed a stall first): which ranks stopped, where

@@ -49,7 +49,8 @@ LOG_LINES = "ORCH_LOG_LINES"  # "0": no plain log lines (the progress bar draws 
 FINAL_SAVE = "ORCH_FINAL_SAVE"  # "0": no final checkpoint and no model.pt (benchmark runs)
 # `orch sweep` (orchestrator/sweep/): the metric a trial is judged on, which rank 0 writes to OUT/objective.json
 # at each evaluation (train/*: each log step) and at the end; and the file whose appearance asks the trial to
-# stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md)
+# stop as pruned (a checkpoint, summary.json, exit 0: docs/sweeps.md): a path, or for a cluster trial an
+# object in its store (OUTPUT_URL/prune.request)
 OBJECTIVE = "ORCH_OBJECTIVE"
 PRUNE_FILE = "ORCH_PRUNE_FILE"
 HEARTBEAT = "ORCH_HEARTBEAT"  # "0": no heartbeat thread and no goodput journal (benchmark 12 measures them)
@@ -200,7 +201,8 @@ class RuntimeEnv:
     objective: str | None = None
     """`orch sweep`: the metric (eval/loss, train/loss) written to OUT/objective.json; None: no file."""
     prune_file: str | None = None
-    """`orch sweep`, local trials: the file whose appearance stops the run as pruned; None: never pruned."""
+    """`orch sweep`: the file (a path, or an object-store URL for a cluster trial) whose appearance stops the run
+    as pruned; None: never pruned."""
     heartbeat: bool = True
     """False: no heartbeat thread (no hang verdicts) and no goodput journal; the loop's marks stay."""
     job_started: float | None = None

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     # returns; the handlers are installed for the whole run so a signal during setup is not lost.
     stop_request = stop.StopRequest(
         device=world.device, world_size=world.world_size, enabled=cfg.checkpoint.on_stop > 0,
-        prune_file=runtime.prune_file,
+        prune_file=runtime.prune_file, watches_store=world.is_main,
     )  # fmt: skip
     stop_request.install()
     failed = True
@@ -416,7 +416,8 @@ def set_up(
         module=module, model=wrapped.model, optimizer=optimizer, fused=fused, scheduler=scheduler, scaler=scaler,
         autocast=autocast, memory=memory, layout=layout, stream=stream, max_steps=max_steps,
         eval_batches=eval_batches, checkpoints=checkpoints, kept=kept,
-        objective=ObjectiveReport(runtime.objective, Path(runtime.output_dir), enabled=world.is_main),
+        objective=ObjectiveReport(runtime.objective, Path(runtime.output_dir), enabled=world.is_main,
+                                  kept=kept if runtime.output_url else None),
     )  # fmt: skip
 
 

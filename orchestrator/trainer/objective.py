@@ -11,7 +11,10 @@ result:
 
 `final` is null until the run ends (and when the metric never got a value: `recorded` then says which
 metrics it did get). A `command:` job reports its objective by writing the same file itself
-(docs/sweeps.md). Stdlib only; nothing happens when ORCH_OBJECTIVE is unset.
+(docs/sweeps.md). With an object store (output.url: a cluster trial's, which the sweep reads), each write is
+also uploaded beside the run's checkpoints (one PUT of a small file: an object is replaced whole, so a reader
+never sees half of it either), and a pod that starts again on an empty output dir reads its earlier values
+from there. Nothing happens when ORCH_OBJECTIVE is unset.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ class ObjectiveReport:
     """Rank 0's objective.json for `orch sweep`; a report that writes nothing when `metric` is None or on
     every other rank."""
 
-    def __init__(self, metric: str | None, output_dir: Path, *, enabled: bool) -> None:
+    def __init__(self, metric: str | None, output_dir: Path, *, enabled: bool, kept: Any = None) -> None:
+        """`kept`: the object store's location of the run (storage.location(output_url)), or None."""
         self.metric = metric if enabled else None
         self.path = output_dir / outputs.OBJECTIVE
+        self.remote = kept / outputs.OBJECTIVE if kept is not None else None
         self.values: list[list[float]] = []
         self.recorded: set[str] = set()
-        if self.metric is not None and self.path.exists():  # a resumed trial keeps its earlier values
+        if self.metric is not None:  # a resumed trial keeps its earlier values
             self._load()
 
     def evaluated(self, step: int, results: Mapping[str, Any]) -> None:
@@ -85,13 +90,32 @@ class ObjectiveReport:
                 "recorded": sorted(self.recorded),
             },
         )
+        if self.remote is not None:
+            from orchestrator import storage
+
+            storage.upload(self.path, self.remote)
 
     def _load(self) -> None:
         import json
 
         try:
-            data = json.loads(self.path.read_text())
+            if self.path.exists():
+                text = self.path.read_text()
+            elif self.remote is not None:  # a new pod: its output dir is empty, the store has the values
+                text = _read_remote(self.remote)
+            else:
+                return
+            data = json.loads(text) if text else {}
             self.values = [[int(s), float(v)] for s, v in data.get("values", [])]
             self.recorded = set(data.get("recorded", []))
         except (OSError, ValueError, TypeError):
             self.values, self.recorded = [], set()
+
+
+def _read_remote(path: Any) -> str:
+    """objective.json from the store; "" when it is not there or cannot be read (the run starts counting
+    again: its start checked the store, so this is a blip, and the values to come still reach the sweep)."""
+    try:
+        return str(path.read_bytes().decode()) if path.exists() else ""
+    except Exception:  # noqa: BLE001 (obstore's and fsspec's errors alike)
+        return ""

@@ -14,13 +14,17 @@ small collective and no extra wait for the GPU.
 
 `orch sweep` prunes a local trial the same way: it creates the file ORCH_PRUNE_FILE names, each rank looks
 for it at every step (one stat), and the agreed value is then PRUNED, which the loop ends like a finished run
-(a checkpoint, summary.json, exit 0: a pruned trial is done, so no restart policy may run it again).
+(a checkpoint, summary.json, exit 0: a pruned trial is done, so no restart policy may run it again). A
+cluster trial's ORCH_PRUNE_FILE is an object in its output store (OUTPUT_URL/prune.request, which
+`orch sweep --cluster` writes): rank 0 alone looks for it, every STORE_POLL_SECONDS from a thread of its own
+(one HEAD request; the step never waits for the store), and the same all-reduce tells the other ranks.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from types import FrameType
 from typing import Any
 
@@ -29,29 +33,50 @@ import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PRUNED = 256  # above every signal number: a pruned trial that is also signalled ends as pruned
+STORE_POLL_SECONDS = 10.0  # a cluster trial's prune request: seen within this (and a step) of being written
 
 
 class StopRequest:
     """Installed for the training loop; `agreed()` is the signal any rank received (0: none)."""
 
     def __init__(
-        self, *, device: torch.device, world_size: int, enabled: bool, prune_file: str | None = None
+        self,
+        *,
+        device: torch.device,
+        world_size: int,
+        enabled: bool,
+        prune_file: str | None = None,
+        watches_store: bool = True,
+        store_poll_seconds: float = STORE_POLL_SECONDS,
     ) -> None:
         """`enabled` False (train.checkpoint.on_stop: false): signals keep their usual effect.
-        `prune_file`: `orch sweep`'s request to stop as pruned, once it exists."""
+        `prune_file`: `orch sweep`'s request to stop as pruned, once it exists (a path, or an object-store
+        URL, which only the rank that `watches_store` looks for)."""
+        from orchestrator import storage
+
         self.enabled = enabled
         self.prune_file = prune_file
         self.received = 0
         self._shared = torch.zeros(1, dtype=torch.int32, device=device) if world_size > 1 else None
         self._previous: dict[int, Any] = {}
+        self._local_file = prune_file
+        self._watch: StoreWatch | None = None
+        if prune_file is not None and storage.is_url(prune_file):
+            self._local_file = None
+            if watches_store:
+                self._watch = StoreWatch(prune_file, store_poll_seconds)
 
     def install(self) -> None:
+        if self._watch is not None:
+            self._watch.start()
         if not self.enabled:
             return
         for number in SIGNALS:
             self._previous[number] = signal.signal(number, self._handle)
 
     def restore(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
@@ -66,7 +91,10 @@ class StopRequest:
     def agreed(self) -> int:
         """The signal number any rank has received so far (PRUNED once a rank sees the prune file), the
         same on every rank. A collective: every rank calls it once per step."""
-        pruned = self.prune_file is not None and os.path.exists(self.prune_file)
+        if self._watch is not None:
+            pruned = self._watch.seen.is_set()
+        else:
+            pruned = self._local_file is not None and os.path.exists(self._local_file)
         mine = PRUNED if pruned else self.received
         if self._shared is None or not (self.enabled or self.prune_file):
             return mine
@@ -78,3 +106,40 @@ class StopRequest:
 def exit_code(number: int) -> int:
     """What a shell (and the kubelet) reports for a process killed by `number`: retryable everywhere."""
     return 128 + number
+
+
+class StoreWatch:
+    """A thread that looks for an object (a cluster trial's prune request) every `seconds`, from its start;
+    `seen` is set once it exists. A store that does not answer is asked again at the next look."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        self.url, self.seconds = url, seconds
+        self.seen = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orch-prune-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        import obstore
+
+        from orchestrator import storage
+
+        try:
+            store, key = storage.object_store(
+                self.url, request_seconds=self.seconds, retry_seconds=self.seconds
+            )
+        except storage.StorageError:
+            return  # not a URL the store takes: nothing can ever be found there
+        while not self._stopped.is_set():
+            try:
+                obstore.head(store, key)
+                self.seen.set()
+                return
+            except Exception:  # noqa: BLE001 (not there yet, or the store did not answer: look again)
+                pass
+            self._stopped.wait(self.seconds)
