@@ -26,6 +26,11 @@ COMPONENT_RUNTIME = "runtime"  # ... of the TrainingRuntime orch renders for a T
 
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
+# --- Labels of a cluster sweep's trials (`orch sweep --cluster`), on every object of a trial's job: the sweep
+# finds its trials' jobs again by them after a restart (`orch list -l orch.dev/sweep=NAME` lists them).
+LABEL_SWEEP = "orch.dev/sweep"  # value: the sweep's name (its study's)
+LABEL_TRIAL = "orch.dev/trial"  # value: the trial's number in the study
+
 # Kueue admits a job into the LocalQueue named by this label (on the PyTorchJob itself).
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 # Kueue's WorkloadPriorityClass of a queued job (label on the job object).

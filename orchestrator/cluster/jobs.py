@@ -153,14 +153,14 @@ def _readable(
     return None
 
 
-def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[Job]:
-    """orch's jobs (by its managed-by label) of every API the cluster serves, by namespace and name."""
+def list_jobs(cluster: Cluster, *, all_namespaces: bool = False, selector: str | None = None) -> list[Job]:
+    """orch's jobs (by its managed-by label) of every API the cluster serves, by namespace and name; only
+    those `selector` (a label selector, `orch.dev/sweep=lr`) also selects, when given."""
     jobs, refused, answered = [], [], 0
+    selected = naming.MANAGED_SELECTOR + (f",{selector}" if selector else "")
     for api in all_apis():
         try:
-            found = cluster.list(
-                api.resource, selector=naming.MANAGED_SELECTOR, all_namespaces=all_namespaces
-            )
+            found = cluster.list(api.resource, selector=selected, all_namespaces=all_namespaces)
         except NotFound:  # this API is not installed
             continue
         except Unauthorized:

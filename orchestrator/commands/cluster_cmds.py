@@ -250,9 +250,17 @@ def status(
 @click.command("list")
 @cluster_options
 @click.option("-A", "--all-namespaces", is_flag=True, help="Jobs of every namespace.")
+@click.option(
+    "-l", "--selector", help="Only jobs with these labels, e.g. orch.dev/sweep=lr (a sweep's trials)."
+)
 @output_option("table", "wide", "json")
 def list_jobs(
-    kubeconfig: str | None, context: str | None, namespace: str | None, all_namespaces: bool, output: str
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    all_namespaces: bool,
+    selector: str | None,
+    output: str,
 ) -> None:
     """List the jobs orch submitted (label app.kubernetes.io/managed-by=orch): phase, age, nodes x GPUs.
 
@@ -260,11 +268,12 @@ def list_jobs(
     Example:
       orch list
       orch list -A -o wide
+      orch list -l orch.dev/sweep=lr            # the trials of `orch sweep --cluster`
       orch list -o json | jq -r '.[] | select(.phase == "Failed") | .name'
     """
     from orchestrator.commands import tables
 
-    rows = _client(kubeconfig, context, namespace).list(all_namespaces=all_namespaces)
+    rows = _client(kubeconfig, context, namespace).list(all_namespaces=all_namespaces, selector=selector)
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
     elif not rows:

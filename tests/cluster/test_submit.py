@@ -343,3 +343,16 @@ def test_unauthorized_says_credentials(env):
         f"error: unauthorized: the API server at {env.kube.url} (context dev) rejected orch's credentials "
         "(list pytorchjobs.kubeflow.org): Unauthorized. Check the kubeconfig user/token (is it expired?)"
     )
+
+
+def test_list_selects_by_label_within_orchs_jobs(env, job_file):
+    """`orch list -l` (a cluster sweep's trials: orch.dev/sweep=NAME) narrows orch's own selection; the
+    emulator applies the label selector as the API server does."""
+    for name, team in (("alpha", "a"), ("beta", "b")):
+        result = env.orch("submit", str(job_file), "--set", f"name={name}", "--set", f"labels.team={team}")
+        assert result.exit_code == 0, result.output + result.stderr
+    listed = env.orch("list", "-l", "team=b", "-o", "json")
+    assert listed.exit_code == 0, listed.output + listed.stderr
+    assert [row["name"] for row in json.loads(listed.stdout)] == ["beta"]
+    selectors = {r.url.query.get("labelSelector") for r in env.kube.requests("get", path=r".*/pytorchjobs")}
+    assert selectors == {"app.kubernetes.io/managed-by=orch,team=b"}
