@@ -236,31 +236,62 @@ def top(
 # --- a sweep: many trials of one job (docs/sweeps.md) -----------------------------------------------------------
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local") -> Sweep:
     """A checked sweep file and its job: every problem is a SpecError naming sweep.yaml's line (exit 2),
-    found before any trial starts (parameter paths and values against the job, ranges, the metric)."""
+    found before any trial starts (parameter paths and values against the job, ranges, the metric), for
+    trials run `where`: "local" (`orch run`), "cluster" (jobs, checked as `orch submit` checks them; the job
+    needs output.url, where the sweep reads each trial's objective)."""
     from orchestrator.sweep.spec import load_sweep as load
 
-    return load(path, where="local")
+    if where not in ("local", "cluster"):
+        raise TypeError(f"load_sweep(): where must be 'local' or 'cluster', not {where!r}")
+    return load(path, where=where)
 
 
-def sweep(source: str | Path | Sweep, *, notice: Callback = _silent) -> SweepResult:
-    """Run the sweep here (`orch sweep`): each trial an `orch run` of its own in runs/NAME/trial-N beside the
-    sweep file, `parallel` at once; a sweep run before continues (finished trials are not run again, trials cut
-    off are resumed from their checkpoint or asked again). `notice` hears each trial start and end. Raises
-    SweepFailed after max_failed failures, SweepInterrupted (128+signal) on SIGTERM or Ctrl-C."""
+def sweep(
+    source: str | Path | Sweep,
+    *,
+    client: Client | None = None,
+    poll_seconds: float | None = None,
+    notice: Callback = _silent,
+) -> SweepResult:
+    """Run the sweep (`orch sweep`): each trial an `orch run` of its own in runs/NAME/trial-N beside the sweep
+    file, `parallel` at once; with `client`, each trial a job on that cluster (`orch sweep --cluster`: as
+    `Client.submit` creates it, labelled orch.dev/sweep and orch.dev/trial, its outputs under OUTPUT_URL/JOB).
+    A sweep run before continues (finished trials are not run again; trials cut off are resumed from their
+    checkpoint, or re-attached on the cluster, or asked again). `poll_seconds`: how often the trials are
+    looked at (default 0.2 s here; on a cluster 5 s: one list of the sweep's jobs and one read of each running
+    trial's objective). `notice` hears each trial start and end. Raises SweepFailed after max_failed failures,
+    SweepInterrupted (128+signal) on SIGTERM or Ctrl-C (cluster trials go on running)."""
     from orchestrator.sweep import controller, trials
 
-    checked = source if not isinstance(source, (str, Path)) else load_sweep(source)
-    return controller.run(checked, trials.LocalTrials(checked), notice=notice)
+    _expect("sweep", "client", client, (Client, type(None)), "an api.Client or None")
+    _expect("sweep", "poll_seconds", poll_seconds, (int, float, type(None)), "seconds or None")
+    where: Literal["local", "cluster"] = "local" if client is None else "cluster"
+    checked = source if not isinstance(source, (str, Path)) else load_sweep(source, where=where)
+    if checked.where != where:
+        raise UsageError(f"sweep {checked.name} was loaded for trials run {checked.where}, not {where}: "
+                         f"api.load_sweep(path, where={where!r})")  # fmt: skip
+    if client is None:
+        runner: trials.TrialRunner = trials.LocalTrials(checked)
+        return controller.run(
+            checked, runner, notice=notice, poll_seconds=poll_seconds or controller.POLL_SECONDS
+        )
+    from orchestrator.sweep import cluster_trials
+
+    every = poll_seconds or cluster_trials.POLL_SECONDS
+    jobs = cluster_trials.ClusterTrials(checked, client, poll_seconds=every, notice=notice)
+    jobs.check_store()  # before any trial: the sweep reads each trial's objective there
+    return controller.run(checked, jobs, notice=notice, poll_seconds=min(every, controller.POLL_SECONDS))
 
 
 def sweep_status(source: str | Path | Sweep, *, plot: bool = True) -> SweepStatus:
-    """Every trial of the sweep, best first (number, state, parameters, objective, run dir), and the PNG of
-    the objective per trial and per parameter in the sweep's folder (`orch sweep status`)."""
+    """Every trial of the sweep, best first (number, state, parameters, objective, its run dir or its job),
+    and the PNG of the objective per trial and per parameter in the sweep's folder (`orch sweep status`)."""
+    from orchestrator.sweep.spec import load_sweep as load
     from orchestrator.sweep.status import status
 
-    checked = source if not isinstance(source, (str, Path)) else load_sweep(source)
+    checked = source if not isinstance(source, (str, Path)) else load(source, where="anywhere")
     return status(checked, draw=plot)
 
 
@@ -459,18 +490,18 @@ class Client:
             state, straggler=top.find_straggler(name, namespace=state.namespace), **_journal(state)
         )
 
-    def list(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
-        """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`)."""
+    def list(self, *, all_namespaces: bool = False, selector: str | None = None) -> list[dict[str, Any]]:
+        """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`);
+        only those a label `selector` selects, when given (`orch.dev/sweep=lr`: a cluster sweep's trials)."""
         import datetime
 
         from orchestrator import cluster, status
 
         _expect("Client.list", "all_namespaces", all_namespaces, (bool,), "a bool")
+        _expect("Client.list", "selector", selector, (str, type(None)), "a label selector (str) or None")
         now = datetime.datetime.now(datetime.timezone.utc)
-        return [
-            status.list_row(job.api, job.obj, now)
-            for job in cluster.list_jobs(self.cluster(lean=True), all_namespaces=all_namespaces)
-        ]
+        found = cluster.list_jobs(self.cluster(lean=True), all_namespaces=all_namespaces, selector=selector)
+        return [status.list_row(job.api, job.obj, now) for job in found]
 
     def logs(
         self,

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrator.commands.cluster_cmds import REQUEST_TIMEOUT_KEY, submit_cluster_options
 from orchestrator.commands.common import output_option
+from orchestrator.errors import UsageError
 
 if TYPE_CHECKING:
     from orchestrator.sweep.study import TrialRow
@@ -38,9 +40,11 @@ def sweep() -> None:
     SWEEP (sweep.yaml) names the job, the objective, each parameter's range as a --set path, the
     algorithm (tpe, random, grid), max_trials, parallel, max_failed, early_stopping (median, hyperband,
     none) and optionally a database as storage. Each trial is an `orch run` of its own, in
-    runs/NAME/trial-N/ beside the sweep file; the study is runs/NAME/study.journal unless `storage:` names
-    a database. Run it again after a Ctrl-C, a SIGTERM or a reboot and it continues: finished trials are
-    not run again, trials cut off resume from their checkpoint (or are asked again). docs/sweeps.md.
+    runs/NAME/trial-N/ beside the sweep file, or with --cluster a job on the cluster (NAME-trial-N, its
+    outputs under the job's output.url); the study is runs/NAME/study.journal unless `storage:` names a
+    database. Run it again after a Ctrl-C, a SIGTERM or a reboot and it continues: finished trials are not
+    run again, trials cut off resume from their checkpoint, or are re-attached on the cluster (or are asked
+    again). docs/sweeps.md.
 
     \b
     Example (sweep.yaml):
@@ -55,31 +59,61 @@ def sweep() -> None:
 
     \b
       orch sweep sweep.yaml             run it (or continue it)
+      orch sweep sweep.yaml --cluster   each trial a job on the cluster kubectl points at
       orch sweep status sweep.yaml      the trials, best first, and runs/NAME/objective.png
     """
 
 
 @sweep.command("run")
 @SWEEP_ARGUMENT
-def run_sweep(sweep_file: str) -> None:
-    """Run (or continue) the sweep SWEEP here: `parallel` trials at once, each an `orch run`.
+@click.option(
+    "--cluster",
+    is_flag=True,
+    help="Run each trial as a job on the cluster (as `orch submit` creates it, queued by Kueue when the job "
+    "names a queue), labelled orch.dev/sweep=NAME and orch.dev/trial=N; the job needs output.url, where each "
+    "trial keeps its outputs (OUTPUT_URL/NAME-trial-N) and the sweep reads its objective.",
+)
+@submit_cluster_options
+def run_sweep(
+    sweep_file: str, cluster: bool, kubeconfig: str | None, context: str | None, namespace: str | None
+) -> None:
+    """Run (or continue) the sweep SWEEP: `parallel` trials at once, each an `orch run` here, or with
+    --cluster a job on the cluster.
 
     Exits 0 when max_trials trials have ended (complete, pruned or failed), 1 once max_failed trials failed,
-    2 for a bad sweep file (before any trial starts), 130/143 after Ctrl-C/SIGTERM: the trials then stop
-    with a checkpoint, and `orch sweep SWEEP` again continues them. A second Ctrl-C stops them at once.
+    2 for a bad sweep file (before any trial starts), 130/143 after Ctrl-C/SIGTERM: local trials then stop
+    with a checkpoint, cluster trials go on as jobs; `orch sweep SWEEP` (with --cluster: re-attached)
+    again continues them. A second Ctrl-C stops local trials at once.
 
     \b
     Example:
       orch sweep sweep.yaml
+      orch sweep sweep.yaml --cluster -n research
     """
     from orchestrator import api
 
-    checked = api.load_sweep(sweep_file)
+    if not cluster and (kubeconfig or context or namespace):
+        raise UsageError(
+            "--kubeconfig, --context and --namespace choose the cluster of --cluster: add --cluster"
+        )
+    checked = api.load_sweep(sweep_file, where="cluster" if cluster else "local")
+    client = None
+    if cluster:
+        timeout = click.get_current_context().meta.get(REQUEST_TIMEOUT_KEY)
+        client = api.Client(
+            kubeconfig=kubeconfig, context=context, namespace=namespace, request_timeout=timeout
+        )
+    where = (
+        f"jobs on the cluster, outputs under {checked.job.output.url}/"
+        if cluster and checked.job.output
+        else ""
+    )
     click.echo(
         f"orch sweep {checked.name}: {checked.spec.algorithm}, {checked.trials} trials, {checked.spec.parallel} "
         f"at once, {checked.spec.objective.goal} {checked.metric} -> {checked.folder}/"
+        + (f" ({where})" if where else "")
     )
-    result = api.sweep(checked, notice=click.echo)
+    result = api.sweep(checked, client=client, notice=click.echo)
     counts = {
         state: sum(row.state == state for row in result.rows) for state in ("complete", "pruned", "failed")
     }
@@ -118,12 +152,12 @@ def status(sweep_file: str, output: str) -> None:
         "STATE",
         found.metric.upper(),
         *(p.rsplit(".", 1)[-1].upper() for p in params),
-        "RUN DIR",
+        "JOB" if found.where == "cluster" else "RUN DIR",
     ]
     table = [header]
     for row in found.rows:
         state = row.state + (f" ({row.exit_class})" if row.exit_class else "")
-        run = f"{found.folder / row.run}/" if row.run else ""
+        run = (row.run or "") if found.where == "cluster" else f"{found.folder / row.run}/" if row.run else ""
         table.append(
             [str(row.number), state, _value(row.value), *(_value(row.params.get(p)) for p in params), run]
         )

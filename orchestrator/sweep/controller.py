@@ -10,6 +10,8 @@ lock, so two processes never run one trial and never more than `parallel` run at
 
 A SIGTERM or the first Ctrl-C stops the trials the way `orch run` stops (every rank checkpoints), leaves them
 RUNNING in the study for the next `orch sweep` to resume, and ends with 128+signal; a second one kills them.
+Cluster trials are jobs that do not need the sweep: they go on running, for the next `orch sweep --cluster` to
+re-attach. The study keeps where its trials run (`orch.where`), and is continued only there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from orchestrator.errors import OrchError, SpecError
+from orchestrator.errors import OrchError, SpecError, UsageError
 from orchestrator.sweep import owners
 from orchestrator.sweep import study as studies
 from orchestrator.sweep.spec import Sweep
@@ -74,6 +76,7 @@ def run(
     """Run the sweep to its end (max_trials counted, or max_failed reached: SweepFailed); SweepInterrupted on
     SIGTERM/Ctrl-C (handlers installed when called from the main thread)."""
     study = studies.open_study(sweep)
+    _claim_where(sweep, study, runner.where)
     tracking = SweepTracking(sweep, study, notice)
     tracking.start()
     with owners.Owner(sweep.folder) as owner, _stop_signals() as stop:
@@ -84,6 +87,25 @@ def run(
             raise
     tracking.finish("FINISHED")
     return SweepResult(sweep.name, sweep.folder, studies.rows(study, maximize=sweep.maximize))
+
+
+def _claim_where(sweep: Sweep, study: optuna.Study, where: str) -> None:
+    """A study's trials all run in one place: here, or on the cluster (a study that ran trials before orch
+    kept where ran them here). UsageError when this run would continue it elsewhere."""
+    ran = any(studies.RUN in trial.user_attrs for trial in study.get_trials(deepcopy=False))
+    kept = study.user_attrs.get(studies.WHERE) or ("local" if ran else None)
+    if kept is None or kept == where:
+        if studies.WHERE not in study.user_attrs:
+            study.set_user_attr(studies.WHERE, where)
+        return
+    if kept == "cluster":
+        raise UsageError(
+            f"sweep {sweep.name} runs its trials on the cluster: continue it with `orch sweep {sweep.file} --cluster`"
+        )
+    raise UsageError(
+        f"sweep {sweep.name} ran its trials here: continue it with `orch sweep {sweep.file}` (or give the cluster "
+        f"sweep a study of its own: another `name:` in {sweep.file})"
+    )
 
 
 class _Stop:
@@ -176,7 +198,8 @@ class Controller:
                 self._record(trial.number, taken, cut_off=True)
             else:
                 self.running[trial.number] = taken
-                self.notice(f"trial {trial.number} resumed from its checkpoint -> {self._where(plan)}")
+                how = "re-attached" if self.runner.where == "cluster" else "resumed from its checkpoint"
+                self.notice(f"trial {trial.number} {how} -> {self.runner.describe(plan)}")
 
     def _fill(self) -> bool:
         """Ask for trials while there is room; whether more may be asked later."""
@@ -195,11 +218,13 @@ class Controller:
                 return True
             trial = self.study.ask(self.distributions)
             trial.set_user_attr(studies.OWNER, self.owner.name)
-            plan = self._plan(trial.number, dict(trial.params), f"trial-{trial.number}")
+            plan = self._plan(trial.number, dict(trial.params), self.runner.run_name(trial.number))
             trial.set_user_attr(studies.RUN, plan.run)
             self.trials[trial.number] = trial
             self.running[trial.number] = self.runner.start(plan)
-            self.notice(f"trial {trial.number} started: {_params(plan.params)} -> {self._where(plan)}")
+            self.notice(
+                f"trial {trial.number} started: {_params(plan.params)} -> {self.runner.describe(plan)}"
+            )
 
     # --- outside it ---------------------------------------------------------------------------------------
 
@@ -242,9 +267,12 @@ class Controller:
             self.study.tell(trial, state=TrialState.FAIL)
             if outcome.state == "interrupted":
                 self.study.enqueue_trial(dict(trial.params))
-                self.notice(
-                    f"trial {number} was cut off before its first checkpoint: its parameters asked again"
+                why = (
+                    f"was cut off ({outcome.error})"
+                    if self.runner.where == "cluster"
+                    else "was cut off before its first checkpoint"
                 )
+                self.notice(f"trial {number} {why}: its parameters asked again")
                 return
             self.notice(
                 f"trial {number} failed ({outcome.exit_class}): {outcome.error or 'no error recorded'}"
@@ -271,8 +299,15 @@ class Controller:
         count = len(self.running)
         self._interrupt_all(signum)
         name = signal.Signals(signum).name
+        trials = f"{count} running trial{'s' * (count != 1)}"
+        if self.runner.where == "cluster":
+            raise SweepInterrupted(
+                f"interrupted by {name}: {trials} go on as jobs on the cluster; `orch sweep {self.sweep.file} "
+                "--cluster` re-attaches them and continues the sweep",
+                signum=signum,
+            )
         raise SweepInterrupted(
-            f"interrupted by {name}: stopped {count} running trial{'s' * (count != 1)}"
+            f"interrupted by {name}: stopped {trials}"
             + (" (with their checkpoints)" if count and not self.stop.now else "")
             + f"; `orch sweep {self.sweep.file}` continues the sweep",
             signum=signum,
@@ -281,15 +316,12 @@ class Controller:
     # --- helpers --------------------------------------------------------------------------------------------
 
     def _plan_of(self, trial: FrozenTrial) -> TrialPlan:
-        run = trial.user_attrs.get(studies.RUN) or f"trial-{trial.number}"
+        run = trial.user_attrs.get(studies.RUN) or self.runner.run_name(trial.number)
         return self._plan(trial.number, dict(trial.params), run)
 
     def _plan(self, number: int, params: dict[str, Any], run: str) -> TrialPlan:
         plan = TrialPlan(number, params, run)
         return TrialPlan(number, params, run, env=self.tracking.env(plan))
-
-    def _where(self, plan: TrialPlan) -> str:
-        return f"{self.sweep.folder / plan.run}/"
 
     def _best(self, number: int) -> str:
         try:

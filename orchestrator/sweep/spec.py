@@ -40,6 +40,9 @@ MAX_GRID_POINTS = 10_000  # GridSampler holds every combination in memory, and n
 MAX_PARAMETERS = 64
 MAX_TRIALS = 100_000
 MAX_SWEEP_NAME = 40  # a label value of every trial's job (cluster trials), with room for `-trial-NNNNN`
+TRIAL_JOB = "{sweep}-trial-{number}"  # a cluster trial's job name (sweep/cluster_trials.py)
+# A cluster sweep's name begins each trial's job name: a job name (naming.py) for trial numbers of 7 digits.
+MAX_CLUSTER_SWEEP_NAME = 36
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 METRIC = re.compile(r"(train|eval)/[A-Za-z0-9_.-]+")
 # What the trainer records, by the names the trackers show (orchestrator/trainer/tracking.py step_metrics):
@@ -250,6 +253,8 @@ class Sweep:
     folder: Path
     """Beside the sweep file: runs/NAME/ holds the study's journal, one run dir per trial, the plot."""
     positions: Mapping[FieldPath, Position]
+    where: Literal["local", "cluster", "anywhere"] = "local"
+    """Where it was checked to run its trials (`anywhere`: read for `orch sweep status`, run nowhere)."""
 
     @property
     def metric(self) -> str:
@@ -269,9 +274,10 @@ class Sweep:
         return [f"{path}={yaml_value(value)}" for path, value in params.items()]
 
 
-def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local") -> Sweep:
-    """Read and check sweep.yaml and its job, for trials run `where`; SpecError (exit 2) at the first problem,
-    before anything is created."""
+def load_sweep(path: str | Path, *, where: Literal["local", "cluster", "anywhere"] = "local") -> Sweep:
+    """Read and check sweep.yaml and its job, for trials run `where` (local: `orch run`; cluster: jobs, as
+    `orch submit` checks them; anywhere: what both need, to read the sweep's study); SpecError (exit 2) at
+    the first problem, before anything is created."""
     from orchestrator.job import loading
 
     file = Path(path)
@@ -316,8 +322,11 @@ def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local"
         name=spec.name or label_safe(file.stem),
         folder=file.parent / "runs" / (spec.name or label_safe(file.stem)),
         positions=positions,
+        where=where,
     )
-    if problem := shared_output(job):
+    if where == "cluster" and (problem := cluster_name_problem(sweep.name)):
+        raise fail(("name",), problem)
+    if where != "anywhere" and (problem := shared_output(job, cluster=where == "cluster")):
         raise fail(("job",), f"{job_file.name}: {problem}")
     for path, parameter in spec.parameters.items():
         for value in parameter.extremes():
@@ -335,9 +344,16 @@ def load_sweep(path: str | Path, *, where: Literal["local", "cluster"] = "local"
     return sweep
 
 
-def shared_output(job: JobSpec) -> str | None:
-    """Why every trial would write to one place (each trial's results belong in its own run dir)."""
-    if job.output is not None and job.output.url:
+def shared_output(job: JobSpec, *, cluster: bool = False) -> str | None:
+    """Why every trial would write to one place (each trial's results belong in its own run dir), or why the
+    sweep could not read a cluster trial's: it reads them from the object store, under output.url."""
+    url = job.output.url if job.output is not None else None
+    if cluster and not url:
+        return (
+            "a cluster sweep reads each trial's objective from the object store: set output.url "
+            "(s3://BUCKET/PREFIX; each trial keeps its outputs under PREFIX/JOB, its job's name)"
+        )
+    if url and not cluster:
         return "output.url would have every trial write to the same store: remove it for a sweep"
     directory = job.train.checkpoint.dir if job.train is not None else None
     if directory and (directory.startswith("/") or "://" in directory):
@@ -346,6 +362,17 @@ def shared_output(job: JobSpec) -> str | None:
             "use a relative one (under each trial's run dir) or none"
         )
     return None
+
+
+def cluster_name_problem(name: str) -> str | None:
+    """Why `name` cannot begin the job names of a cluster sweep's trials (NAME-trial-N), or None."""
+    if len(name) <= MAX_CLUSTER_SWEEP_NAME and name[0].isalpha():
+        return None
+    return (
+        f"{name!r} begins every trial's job name ({TRIAL_JOB.format(sweep=name, number=0)}): on the cluster a "
+        f"sweep's name starts with a letter and has at most {MAX_CLUSTER_SWEEP_NAME} characters; set name: "
+        "(lowercase letters, digits and '-')"
+    )
 
 
 def metric_problem(spec: SweepSpec, job: JobSpec) -> tuple[FieldPath, str] | None:

@@ -23,6 +23,8 @@ class SweepStatus:
     rows: list[studies.TrialRow]
     plot: Path | None
     """The PNG written (None: no trials with a value yet, or matplotlib not installed)."""
+    where: str = "local"
+    """Where its trials run: local (each row's run is its run dir in `folder`) or cluster (its job's name)."""
 
     @property
     def best(self) -> studies.TrialRow | None:
@@ -37,11 +39,14 @@ class SweepStatus:
             "max_trials": self.max_trials,
             "best": self.best.number if self.best else None,
             "plot": str(self.plot) if self.plot else None,
-            "trials": [
-                {**row.to_json(), "run_dir": str(self.folder / row.run) if row.run else None}
-                for row in self.rows
-            ],
+            "where": self.where,
+            "trials": [{**row.to_json(), **self._where(row)} for row in self.rows],
         }
+
+    def _where(self, row: studies.TrialRow) -> dict[str, str | None]:
+        if self.where == "cluster":
+            return {"job": row.run, "run_dir": None}
+        return {"run_dir": str(self.folder / row.run) if row.run else None}
 
 
 def status(sweep: Sweep, *, draw: bool = True) -> SweepStatus:
@@ -59,6 +64,7 @@ def status(sweep: Sweep, *, draw: bool = True) -> SweepStatus:
         ) from None
     rows = studies.rows(study, maximize=sweep.maximize)
     drawn = plot.write(sweep, rows) if draw and any(row.value is not None for row in rows) else None
+    where = str(study.user_attrs.get(studies.WHERE, "local"))
     return SweepStatus(
-        sweep.name, sweep.folder, sweep.metric, sweep.spec.objective.goal, sweep.trials, rows, drawn
+        sweep.name, sweep.folder, sweep.metric, sweep.spec.objective.goal, sweep.trials, rows, drawn, where
     )

@@ -34,6 +34,8 @@ EXIT_CLASS = "orch.exit_class"
 ERROR = "orch.error"  # its error line
 # a trial cut off before its first checkpoint, failed and asked again: it no longer counts
 RERUN = "orch.rerun"
+# The study's own: where its trials run, "local" or "cluster" (a sweep is continued where it began)
+WHERE = "orch.where"
 
 STATES = {
     TrialState.RUNNING: "running",

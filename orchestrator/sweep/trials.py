@@ -1,7 +1,7 @@
 """Where a sweep's trials run. The controller (sweep/controller.py) asks a `TrialRunner` to start a trial, to
 take over one the study holds as running after a restart, and polls what it started; `LocalTrials` runs each
-trial as an `orch run` of its own on this machine. A cluster runner (each trial a job, found again by label)
-implements the same two protocols.
+trial as an `orch run` of its own on this machine, `ClusterTrials` (sweep/cluster_trials.py) as a job on a
+cluster, found again by its labels.
 
 A local trial is `python -m orchestrator run JOB --set PATH=VALUE ... --out runs/NAME/trial-N`, in a session
 of its own (a Ctrl-C in the terminal reaches `orch sweep` only, which stops the trials), tied to `orch sweep`
@@ -81,7 +81,21 @@ class Running(Protocol):
         ...
 
 
+Where = Literal["local", "cluster"]
+
+
 class TrialRunner(Protocol):
+    where: Where
+    """Where its trials run; a sweep's study keeps it, and is continued only there."""
+
+    def run_name(self, number: int) -> str:
+        """Trial `number`'s run (kept in the study): its run dir, or its job's name."""
+        ...
+
+    def describe(self, plan: TrialPlan) -> str:
+        """Where the trial runs, as the sweep's lines show it."""
+        ...
+
     def start(self, plan: TrialPlan) -> Running:
         """Start a new trial, or resume one this runner found cut off."""
         ...
@@ -99,8 +113,16 @@ class TrialRunner(Protocol):
 class LocalTrials:
     """Trials as `orch run` processes on this machine."""
 
+    where: Where = "local"
+
     def __init__(self, sweep: Sweep) -> None:
         self.sweep = sweep
+
+    def run_name(self, number: int) -> str:
+        return f"trial-{number}"
+
+    def describe(self, plan: TrialPlan) -> str:
+        return f"{self.run_dir(plan)}/"
 
     def run_dir(self, plan: TrialPlan) -> Path:
         return self.sweep.folder / plan.run
@@ -200,7 +222,11 @@ class LocalTrial:
 def finished(run_dir: Path, metric: str) -> Outcome:
     """A trial whose `orch run` exited 0: complete with its final value, pruned, or failed for want of one."""
     objective = read_objective(run_dir / outputs.OBJECTIVE)
-    summary = outputs.read_json(run_dir / outputs.SUMMARY)
+    return ended(objective, outputs.read_json(run_dir / outputs.SUMMARY), metric)
+
+
+def ended(objective: dict[str, Any], summary: dict[str, Any], metric: str) -> Outcome:
+    """How a trial that ran to its end did, from its objective.json and summary.json ({} where missing)."""
     values = reported_values(objective)
     if summary.get("pruned") or objective.get("pruned"):
         return Outcome("pruned", value=values[-1][1] if values else None)

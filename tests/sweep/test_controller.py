@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import optuna
 import pytest
 
-from orchestrator.errors import SpecError
+from orchestrator.errors import SpecError, UsageError
 from orchestrator.sweep import controller, owners, spec
 from orchestrator.sweep import study as studies
 from orchestrator.sweep.trials import Outcome, TrialPlan
@@ -96,6 +96,13 @@ class Runner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     hopeless_lr: float | None = None
     interrupt_after: int | None = None
+    where: str = "local"
+
+    def run_name(self, number: int) -> str:
+        return f"trial-{number}"
+
+    def describe(self, plan: TrialPlan) -> str:
+        return f"{plan.run}/"
 
     def hopeless(self, plan: TrialPlan) -> bool:
         return plan.params["train.optimizer.lr"] == self.hopeless_lr
@@ -264,3 +271,24 @@ def test_exit_classes_of_a_trials_orch_run():
     assert [exit_class(code) for code in (1, 2, 130, 143, 137, -9)] == [
         "failed", "invalid", "stopped", "stopped", "killed by SIGKILL", "killed by SIGKILL",
     ]  # fmt: skip
+
+
+def test_a_sweep_is_continued_only_where_its_trials_ran(tmp_path):
+    """The study keeps where its trials run: a local sweep's trials are run dirs, a cluster sweep's are jobs;
+    continued elsewhere, each would count the other's running trials as lost and ask them again."""
+    sweep, lines = load(tmp_path, max_trials=2), []
+    run(sweep, Runner(), lines)
+    with pytest.raises(UsageError) as refused:
+        run(sweep, Runner(where="cluster"))
+    assert str(refused.value) == (
+        f"sweep sweep ran its trials here: continue it with `orch sweep {sweep.file}` (or give the cluster "
+        f"sweep a study of its own: another `name:` in {sweep.file})"
+    )
+    other = load(tmp_path / "cluster", max_trials=2)
+    run(other, Runner(where="cluster"))
+    with pytest.raises(
+        UsageError, match=r"runs its trials on the cluster: continue it with `orch sweep .* --cluster`"
+    ):
+        run(other, Runner())
+    study = studies.open_study(other)
+    assert study.user_attrs[studies.WHERE] == "cluster" and len(study.trials) == 2  # nothing was started

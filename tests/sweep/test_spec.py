@@ -3,8 +3,11 @@ folder made, no study); in-process (`orch sweep` through main(), as the console 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from orchestrator.errors import SpecError
 from orchestrator.sweep import spec
 from tests.fakes.cli import run_orch
 from tests.spec.test_packaging import imported_modules
@@ -225,3 +228,50 @@ def test_status_of_a_sweep_that_never_ran(tmp_path):
 def test_sweep_help_imports_neither_optuna_nor_torch(args):
     modules = imported_modules(*args)
     assert "click" in modules and not modules & {"optuna", "torch", "matplotlib", "kubernetes"}
+
+
+CLUSTER_JOB = {**DIGITS_JOB, "image": "registry.example/trainer:1", "output": {"url": "s3://bkt/sweeps"}}
+
+
+def test_a_cluster_sweep_keeps_output_url_and_needs_it(tmp_path):
+    """--cluster: each trial keeps its outputs under output.url (the sweep reads its objective there), so the
+    job must name a store; locally the same job is refused (every trial would write to one store)."""
+    sweep = spec.load_sweep(write_sweep(tmp_path, GOOD, job=CLUSTER_JOB), where="cluster")
+    assert sweep.where == "cluster" and sweep.job.output is not None
+    assert sweep.job.output.url == "s3://bkt/sweeps"
+    pvc = {**CLUSTER_JOB, "output": {"pvc": "shared"}}
+    result = run_orch("sweep", str(write_sweep(tmp_path, GOOD, job=pvc)), "--cluster", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, (
+        f"error: {tmp_path}/sweep.yaml:1:1: job: job.yaml: a cluster sweep reads each trial's objective from the "
+        "object store: set output.url (s3://BUCKET/PREFIX; each trial keeps its outputs under PREFIX/JOB, its job's "
+        "name)\n"
+    ))  # fmt: skip
+    no_image = {**CLUSTER_JOB, "image": None}
+    result = run_orch("sweep", str(write_sweep(tmp_path, GOOD, job=no_image)), "--cluster", cwd=tmp_path)
+    assert result.returncode == 2 and "image: required to render or submit" in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing made before the checks
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "name: 2024-lr\n",
+            "sweep.yaml:12:1: name: '2024-lr' begins every trial's job name (2024-lr-trial-0): on the cluster",
+        ),
+        (f"name: {'a' * 37}\n", "starts with a letter and has at most 36 characters; set name:"),
+    ],
+)
+def test_a_cluster_sweeps_name_begins_its_job_names(tmp_path, name, expected):
+    path = write_sweep(tmp_path, GOOD + name, job=CLUSTER_JOB)
+    with pytest.raises(SpecError, match=re.escape(expected)):
+        spec.load_sweep(path, where="cluster")
+    here = write_sweep(tmp_path / "here", GOOD + name)
+    assert spec.load_sweep(here).name == name.split()[1]  # fine here: its trials are run dirs
+
+
+def test_cluster_flags_need_cluster(tmp_path):
+    result = run_orch("sweep", str(write_sweep(tmp_path, GOOD)), "--context", "prod", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (
+        2, "error: --kubeconfig, --context and --namespace choose the cluster of --cluster: add --cluster\n"
+    )  # fmt: skip

@@ -1,0 +1,448 @@
+"""`orch sweep --cluster` against the Kubernetes API emulator (tests/fakes/, real HTTP through the unpatched
+official client) and a real S3 server (moto, tests/s3server.py): one job per trial with the sweep's labels,
+their results read from the store, a pruned trial stopped through the store and its job deleted, and a sweep
+whose CLI is SIGKILLed, then run again: running trials re-attached, finished ones recorded, gone ones asked
+again.
+
+What cannot run here is played by the test (`Cluster`), as its upstream sources write it: the training
+operator's conditions (tests/fakes/kube.py's set_conditions: type, status, reason PyTorchJob<Type>, as
+kubeflow/training-operator's pkg/controller.v1/pytorch writes them), Kueue holding a queued job suspended until
+it admits it (the job reconciler keeps runPolicy.suspend until the Workload is admitted:
+kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go; the operator then reports Suspended, then
+Running), and the trainer in the pods: objective.json and summary.json in the trial's prefix of the store
+(ORCH_OUTPUT_URL), as orchestrator/trainer/objective.py and trainer/main.py upload them. The trainer's own side
+of this (the upload, the prune watch, a real `orch run` pruned through the store) is tested at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import api, outputs, storage
+from orchestrator.sweep import spec
+from orchestrator.sweep import study as studies
+from tests.fakes.cli import FAST, run_orch, write_kubeconfig
+from tests.fakes.emulator import CONFIGMAPS, JOBS, serve
+from tests.s3server import s3_server
+from tests.sweep.conftest import DIGITS_JOB, write_sweep
+
+NS = "team-a"
+
+
+def job_storing_at(base: str) -> dict[str, Any]:
+    return {**DIGITS_JOB, "image": "registry.example/trainer:1", "output": {"url": base},
+            "scheduling": {"queue": "team-queue"}}  # fmt: skip
+
+
+SWEEP = """\
+job: job.yaml
+name: lr
+objective: {metric: eval/loss, goal: minimize}
+parameters:
+  train.optimizer.lr: {type: float, low: 1.0e-4, high: 1.0, log: true}
+max_trials: MAX
+parallel: PARALLEL
+"""
+
+
+def sweep_text(max_trials: int, parallel: int, extra: str = "") -> str:
+    return SWEEP.replace("MAX", str(max_trials)).replace("PARALLEL", str(parallel)) + extra
+
+
+def value_of(lr: float) -> float:
+    """What the test's trainer reports for a trial: best at lr 0.01."""
+    return abs(math.log10(lr) + 2)
+
+
+@pytest.fixture(scope="module")
+def s3():  # type: ignore[no-untyped-def]
+    with s3_server() as server:
+        server.create_bucket("bkt")
+        yield server
+
+
+class Cluster:
+    """What runs on a cluster besides the API server, played for the sweep's jobs (see the module's doc)."""
+
+    def __init__(self, kube) -> None:  # type: ignore[no-untyped-def]
+        self.kube = kube
+        self.most_unfinished = 0
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        found = {name: self.kube.get(JOBS, NS, name) for name in self.kube.names(JOBS, NS)}
+        return {name: job for name, job in found.items() if job is not None}
+
+    @staticmethod
+    def true(job: dict[str, Any]) -> set[str]:
+        return {c["type"] for c in (job.get("status") or {}).get("conditions") or [] if c["status"] == "True"}
+
+    def unfinished(self) -> dict[str, dict[str, Any]]:
+        jobs = {n: j for n, j in self.jobs().items() if not self.true(j) & {"Succeeded", "Failed"}}
+        self.most_unfinished = max(self.most_unfinished, len(jobs))
+        return jobs
+
+    @staticmethod
+    def env(job: dict[str, Any]) -> dict[str, str]:
+        container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+        return {item["name"]: item.get("value", "") for item in container["env"]}
+
+    def lr(self, name: str) -> float:
+        """The learning rate the trial's pods train with: its ConfigMap's train.json."""
+        config = self.kube.get(CONFIGMAPS, NS, f"{name}-config")
+        return float(json.loads(config["data"]["train.json"])["optimizer"]["lr"])
+
+    def url(self, name: str) -> str:
+        return self.env(self.kube.get(JOBS, NS, name))["ORCH_OUTPUT_URL"]
+
+    def upload(self, name: str, file: str, data: dict[str, Any]) -> None:
+        (storage.location(self.url(name)) / file).write_bytes(json.dumps(data).encode())
+
+    def report(self, name: str, values: list[tuple[int, float]], *, final: float | None = None,
+               pruned: bool = False) -> None:  # fmt: skip
+        self.upload(name, outputs.OBJECTIVE, {
+            "metric": "eval/loss", "values": [list(v) for v in values], "final": final, "pruned": pruned,
+            "recorded": ["eval/accuracy", "eval/loss"],
+        })  # fmt: skip
+
+    def succeed(self, name: str, value: float, *, pruned_at: list[tuple[int, float]] | None = None) -> None:
+        """The trainer's end (objective.json's final value, summary.json; a pruned run's values so far, no final
+        value), then the operator's Succeeded."""
+        if pruned_at is None:
+            self.report(name, [(10, value * 2), (20, value)], final=value)
+        else:
+            self.report(name, pruned_at, pruned=True)
+        pruned = {"pruned": True} if pruned_at is not None else {}
+        self.upload(name, outputs.SUMMARY, {"job": name, "steps": 20, **pruned})
+        self.kube.set_conditions(NS, name, ("Running", "False"), ("Succeeded", "True"))
+
+    def run(self, name: str) -> None:
+        self.kube.set_conditions(NS, name, ("Created", "True"), ("Running", "True"))
+
+    def queue(self, name: str) -> None:
+        self.kube.set_conditions(NS, name, ("Created", "True"), ("Suspended", "True"))
+
+    def admit(self, name: str) -> None:
+        self.kube.set_conditions(NS, name, ("Suspended", "False"), ("Running", "True"))
+
+
+@dataclass
+class User:
+    cluster: Cluster
+    env: dict[str, str]
+    """What the user's shell has: the kubeconfig, the store's credentials and endpoint."""
+    base: str
+    """The job's output.url: a prefix of the test's own in the module's store."""
+
+
+@pytest.fixture
+def user(s3, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The emulator, a kubeconfig whose context is in NS, and the store's credentials and endpoint in this
+    process's environment (the sweep reads the store as the CLI would, with the shell's)."""
+    with serve() as kube:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, contexts={"dev": NS}, current="dev")
+        env = {**s3.env(), **FAST, "KUBECONFIG": str(kubeconfig)}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        yield User(Cluster(kube), env, f"s3://bkt/{tmp_path.name}")
+
+
+def in_a_thread(path: Path, lines: list[str]) -> tuple[threading.Thread, dict[str, Any]]:
+    """api.sweep on a thread of its own (no signal handlers there), polling the cluster and the store fast."""
+    box: dict[str, Any] = {}
+
+    def sweep() -> None:
+        try:
+            box["result"] = api.sweep(path, client=api.Client(), poll_seconds=0.05, notice=lines.append)
+        except BaseException as error:  # noqa: BLE001 (raised again by `finished`)
+            box["error"] = error
+
+    thread = threading.Thread(target=sweep, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def finished(thread: threading.Thread, box: dict[str, Any]) -> Any:
+    thread.join(5)
+    assert not thread.is_alive(), "the sweep did not end"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def play_until_done(cluster: Cluster, thread: threading.Thread, step, timeout: float = 90) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "the sweep did not finish"
+        for name, job in cluster.unfinished().items():
+            step(name, job)
+        time.sleep(0.05)
+
+
+def test_each_trial_is_one_labelled_job_queued_and_its_result_read_from_the_store(user, tmp_path):
+    cluster, base = user.cluster, user.base
+    path = write_sweep(tmp_path, sweep_text(max_trials=4, parallel=2), job=job_storing_at(base))
+    lines: list[str] = []
+    thread, box = in_a_thread(path, lines)
+
+    def kueue_admits_one_at_a_time(name: str, job: dict[str, Any]) -> None:
+        conditions = cluster.true(job)
+        if not conditions:
+            cluster.queue(name)
+        elif "Running" in conditions:
+            cluster.succeed(name, value_of(cluster.lr(name)))
+        elif not any("Running" in cluster.true(j) for j in cluster.unfinished().values()):
+            cluster.admit(name)  # the queue's quota holds one trial: the others wait, suspended
+
+    play_until_done(cluster, thread, kueue_admits_one_at_a_time)
+    result = finished(thread, box)
+
+    assert [row.state for row in result.rows] == ["complete"] * 4
+    for row in result.rows:
+        assert row.value == value_of(row.params["train.optimizer.lr"])  # read from its trial's store prefix
+    assert [row.value for row in result.rows] == sorted(row.value for row in result.rows)  # best first
+    jobs = cluster.jobs()
+    assert sorted(jobs) == [f"lr-trial-{n}" for n in range(4)]  # one job per trial, none twice
+    for row in result.rows:
+        name = f"lr-trial-{row.number}"
+        assert row.run == name and cluster.lr(name) == row.params["train.optimizer.lr"]
+        job = jobs[name]
+        labels = {"orch.dev/sweep": "lr", "orch.dev/trial": str(row.number)}
+        assert labels.items() <= job["metadata"]["labels"].items()
+        assert (
+            labels.items()
+            <= job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"].items()
+        )
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+        assert job["spec"]["runPolicy"]["suspend"] is True  # Kueue decides when it starts
+        env = cluster.env(job)
+        assert env["ORCH_OUTPUT_URL"] == f"{base}/{name}"
+        assert env["ORCH_OBJECTIVE"] == "eval/loss"
+        assert env["ORCH_PRUNE_FILE"] == f"{base}/{name}/prune.request"
+    assert (
+        cluster.most_unfinished == 2
+    )  # `parallel`: queued trials count, and no third is submitted meanwhile
+    assert (
+        "trial 0 started: train.optimizer.lr=" in lines[0]
+        and f"-> job lr-trial-0 ({base}/lr-trial-0/)" in lines[0]
+    )
+    # the study says where its trials are: `orch sweep status` shows their jobs
+    shown = run_orch("sweep", "status", str(path), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    header, *table = shown.stdout.splitlines()
+    assert header.split() == ["TRIAL", "STATE", "EVAL/LOSS", "LR", "JOB"]
+    assert table[0].split()[-1] == f"lr-trial-{result.best.number}"
+    document = api.sweep_status(path, plot=False).to_json()
+    assert document["where"] == "cluster"
+    assert {t["job"] for t in document["trials"]} == set(jobs) and {
+        t["run_dir"] for t in document["trials"]
+    } == {None}
+
+
+def test_a_hopeless_trial_is_pruned_through_the_store_and_its_job_deleted(user, tmp_path):
+    cluster, base = user.cluster, user.base
+    extra = "early_stopping: {name: median, min_trials: 1}\n"
+    path = write_sweep(tmp_path, sweep_text(max_trials=3, parallel=1, extra=extra), job=job_storing_at(base))
+    study = studies.open_study(spec.load_sweep(path, where="cluster"))
+    for lr in (0.03, 0.02, 0.1):  # each better than the median before it, but the third: hopeless
+        study.enqueue_trial({"train.optimizer.lr": lr})
+    lines: list[str] = []
+    thread, box = in_a_thread(path, lines)
+    prune_requests: list[str] = []
+
+    def loss(lr: float, step: int) -> float:
+        return abs(lr - 0.01) * (4 - step) * (1000 if lr == 0.1 else 1)
+
+    def trainer(name: str, job: dict[str, Any]) -> None:
+        """Reports the loss at steps 1..3, one step a time, then ends; the hopeless trial ends as pruned once
+        its prune request is in the store, as the trainer's stop path does."""
+        lr, request = cluster.lr(name), storage.location(cluster.url(name)) / outputs.PRUNE_REQUEST
+        cluster.run(name)
+        for step in (1, 2, 3):
+            so_far = [(s, loss(lr, s)) for s in range(1, step + 1)]
+            cluster.report(name, so_far)
+            deadline = time.monotonic() + (10 if lr == 0.1 else 0.3)  # time for the sweep to read and judge
+            while time.monotonic() < deadline and not request.exists():
+                time.sleep(0.05)
+            if request.exists():
+                prune_requests.append(name)
+                cluster.succeed(name, loss(lr, step), pruned_at=so_far)
+                return
+        cluster.succeed(name, loss(lr, 3))
+
+    play_until_done(cluster, thread, trainer)
+    result = finished(thread, box)
+
+    by_lr = {row.params["train.optimizer.lr"]: row for row in result.rows}
+    assert by_lr[0.1].state == "pruned" and by_lr[0.1].step == 1  # judged at its first report
+    assert by_lr[0.03].state == by_lr[0.02].state == "complete"
+    assert prune_requests == ["lr-trial-2"]  # the request reached the trial's prefix, and only that one
+    assert sorted(cluster.jobs()) == ["lr-trial-0", "lr-trial-1"]  # the pruned trial's job was deleted
+    assert "trial 2 pruned at step 1: eval/loss 270" in lines
+
+
+def test_a_killed_sweep_reattaches_running_trials_records_finished_ones_and_asks_gone_ones_again(
+    user, tmp_path
+):
+    """`orch sweep --cluster` as a process, SIGKILLed once three trials are jobs; while no sweep runs, trial 0's
+    job succeeds, trial 1's runs on, trial 2's is deleted. Run again, the sweep re-attaches trial 1 (its job
+    not created again), records trial 0 as it ended, and fails trial 2 as interrupted and asks its values
+    again; it ends with exactly max_trials trials counted."""
+    cluster, env, base = user.cluster, user.env, user.base
+    path = write_sweep(tmp_path, sweep_text(max_trials=4, parallel=3), job=job_storing_at(base))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "sweep", str(path), "--cluster"],
+        env={**os.environ, **env}, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    printed = []
+    for line in process.stdout:  # until the third trial's job is created (and said so)
+        printed.append(line)
+        if line.startswith("trial 2 started:"):
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert sorted(cluster.jobs()) == ["lr-trial-0", "lr-trial-1", "lr-trial-2"], "".join(printed)
+    uids = {name: job["metadata"]["uid"] for name, job in cluster.jobs().items()}
+    first_lr = cluster.lr("lr-trial-0")
+    cluster.run("lr-trial-0")
+    cluster.succeed("lr-trial-0", value_of(first_lr))  # finished while no sweep watched
+    cluster.run("lr-trial-1")  # runs on
+    gone_lr = cluster.lr("lr-trial-2")
+    cluster.kube.delete(JOBS, NS, "lr-trial-2")  # someone deleted it (or its node pool went)
+
+    lines: list[str] = []
+    thread, box = in_a_thread(path, lines)
+
+    def operator(name: str, job: dict[str, Any]) -> None:
+        if name == "lr-trial-1" and not any(line.startswith("trial 1 re-attached") for line in lines):
+            return  # it runs on until the sweep has found it again
+        if "Running" in cluster.true(job):
+            cluster.succeed(name, value_of(cluster.lr(name)))
+        else:
+            cluster.run(name)
+
+    play_until_done(cluster, thread, operator)
+    result = finished(thread, box)
+
+    rows = {row.number: row for row in result.rows}
+    assert rows[0].state == "complete" and rows[0].value == value_of(first_lr)
+    assert rows[1].state == "complete"
+    assert rows[2].state == "failed" and rows[2].exit_class == "interrupted" and rows[2].rerun
+    again = [row for row in result.rows if row.number > 2 and row.params["train.optimizer.lr"] == gone_lr]
+    assert len(again) == 1 and again[0].state == "complete"  # trial 2's values, asked again as a new trial
+    assert sum(not row.rerun for row in result.rows) == 4  # exactly max_trials counted
+    jobs = cluster.jobs()
+    assert {name: jobs[name]["metadata"]["uid"] for name in ("lr-trial-0", "lr-trial-1")} == {
+        name: uids[name] for name in ("lr-trial-0", "lr-trial-1")
+    }  # re-attached and recorded, not created again
+    assert "lr-trial-2" not in jobs and len(jobs) == 4
+    assert f"trial 1 re-attached -> job lr-trial-1 ({base}/lr-trial-1/)" in lines
+    assert any(line.startswith("trial 0 complete: eval/loss") for line in lines)
+    assert "trial 2 was cut off (its job lr-trial-2 is gone): its parameters asked again" in lines
+
+
+def test_a_store_the_sweep_cannot_write_to_stops_it_before_any_trial(user, tmp_path):
+    cluster = user.cluster
+    job = job_storing_at("s3://no-such-bucket/sweeps")
+    result = run_orch(
+        "sweep", str(write_sweep(tmp_path, sweep_text(2, 1), job=job)), "--cluster", cwd=tmp_path
+    )
+    assert (result.returncode, result.stderr) == (2, (
+        "error: cannot write to s3://no-such-bucket/sweeps: the bucket does not exist (the sweep reads its "
+        "trials' objectives there)\n"
+    ))  # fmt: skip
+    assert cluster.kube.requests() == []  # nothing was sent to the cluster
+
+
+def test_a_foreign_run_in_a_trials_prefix_stops_the_sweep_before_its_job(user, tmp_path):
+    """A new study of a sweep name used before (its study deleted, its outputs kept): resuming another run's
+    checkpoints would mix two trials into one."""
+    cluster, base = user.cluster, user.base
+    (storage.location(f"{base}/old-trial-0") / "summary.json").write_bytes(b"{}")
+    path = write_sweep(tmp_path, sweep_text(2, 1).replace("name: lr", "name: old"), job=job_storing_at(base))
+    result = run_orch("sweep", str(path), "--cluster", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"error: {base}/old-trial-0/ already holds a run's outputs (an earlier sweep named old"
+    )
+    assert cluster.jobs() == {}
+
+
+# --- the trainer's side: what the pods of a cluster trial do ---------------------------------------------------
+
+
+def test_the_trainer_uploads_its_objective_and_a_new_pod_reads_it_back(user, tmp_path):
+    from orchestrator.trainer.objective import ObjectiveReport
+
+    kept = storage.location("s3://bkt/objective/run")
+    first = ObjectiveReport("eval/loss", tmp_path / "pod-1", enabled=True, kept=kept)
+    (tmp_path / "pod-1").mkdir()
+    first.evaluated(5, {"loss": 0.5, "accuracy": 0.7})
+    first.evaluated(10, {"loss": 0.4})
+    uploaded = json.loads((kept / outputs.OBJECTIVE).read_bytes())
+    assert uploaded == json.loads((tmp_path / "pod-1" / outputs.OBJECTIVE).read_text())
+    assert uploaded["values"] == [[5, 0.5], [10, 0.4]] and uploaded["final"] is None
+    (tmp_path / "pod-2").mkdir()  # the pod replaced: an empty output dir, the same store
+    second = ObjectiveReport("eval/loss", tmp_path / "pod-2", enabled=True, kept=kept)
+    second.evaluated(15, {"loss": 0.3})
+    second.finish(15, pruned=False)
+    assert json.loads((kept / outputs.OBJECTIVE).read_bytes())["values"] == [[5, 0.5], [10, 0.4], [15, 0.3]]
+    assert json.loads((kept / outputs.OBJECTIVE).read_bytes())["final"] == 0.3
+
+
+def test_a_prune_request_in_the_store_is_seen_by_the_rank_that_watches(user):
+    import torch
+
+    from orchestrator.trainer.stop import PRUNED, StopRequest
+
+    url = "s3://bkt/prune/run/prune.request"
+
+    def request(watches: bool) -> StopRequest:
+        found = StopRequest(device=torch.device("cpu"), world_size=1, enabled=False, prune_file=url,
+                            watches_store=watches, store_poll_seconds=0.05)  # fmt: skip
+        found.install()
+        return found
+
+    watching, blind = request(True), request(False)
+    time.sleep(0.3)
+    assert watching.agreed() == 0
+    storage.location(url).write_bytes(b"pruned by orch sweep\n")
+    deadline = time.monotonic() + 10
+    while watching.agreed() != PRUNED:
+        assert time.monotonic() < deadline, "the request was never seen"
+        time.sleep(0.05)
+    assert blind.agreed() == 0  # the other ranks learn it from rank 0 through the step's all-reduce
+    watching.restore()
+    blind.restore()
+
+
+def test_orch_run_with_a_prune_request_in_its_store_ends_as_a_pruned_trial(user, tmp_path):
+    """The real trainer (one rank, `orch run --out s3://...` as a pod's trainer writes there): the request
+    already in the store when it starts, it stops at its first step with a checkpoint, summary.json and
+    objective.json marked pruned in the store, exit 0."""
+    out = "s3://bkt/pruned-trial"
+    (storage.location(out) / outputs.PRUNE_REQUEST).write_bytes(b"pruned by orch sweep\n")
+    (tmp_path / "job.yaml").write_text(
+        json.dumps({**DIGITS_JOB, "train": {**DIGITS_JOB["train"], "max_steps": 200}})
+    )
+    env = {**os.environ, "ORCH_OBJECTIVE": "eval/loss", "ORCH_PRUNE_FILE": f"{out}/{outputs.PRUNE_REQUEST}"}
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "run", "job.yaml", "--out", out], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((storage.location(out) / outputs.SUMMARY).read_bytes())
+    objective = json.loads((storage.location(out) / outputs.OBJECTIVE).read_bytes())
+    assert summary["pruned"] is True and summary["steps"] < 200
+    assert objective["pruned"] is True and objective["metric"] == "eval/loss"
+    assert any((storage.location(out) / "checkpoints").iterdir())  # the stop checkpoint, to resume from
