@@ -280,7 +280,9 @@ def sweep(
     from orchestrator.sweep import cluster_trials
 
     every = poll_seconds or cluster_trials.POLL_SECONDS
-    jobs = cluster_trials.ClusterTrials(checked, client, poll_seconds=every, notice=notice)
+    jobs = cluster_trials.ClusterTrials(
+        checked, client, poll_seconds=every, avoid_nodes=avoid_nodes, notice=notice
+    )
     jobs.check_store()  # before any trial: the sweep reads each trial's objective there
     return controller.run(checked, jobs, notice=notice, poll_seconds=min(every, controller.POLL_SECONDS))
 

@@ -27,7 +27,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import naming, outputs, runtime_env
@@ -48,11 +48,17 @@ class JobClient(Protocol):
 
     def submit(self, job: JobSpec) -> Any: ...
 
+    def suspected_nodes(self, name: str) -> list[str]: ...  # (before `list`, which would shadow the type)
+
     def list(self, *, selector: str | None = None) -> list[dict[str, Any]]: ...
 
     def status(self, name: str) -> Any: ...
 
     def delete(self, name: str) -> Any: ...
+
+
+# orchestrator.api.avoid_nodes: the job kept off these nodes too, and the line that says which were added
+AvoidNodes = Callable[["JobSpec", Sequence[str]], tuple["JobSpec", "str | None"]]
 
 
 class ClusterTrials:
@@ -66,11 +72,15 @@ class ClusterTrials:
         client: JobClient,
         *,
         poll_seconds: float = POLL_SECONDS,
+        avoid_nodes: AvoidNodes | None = None,
         notice: Callable[[str], None] = lambda message: None,
     ) -> None:
+        """`avoid_nodes` (api.avoid_nodes): how a trial's job is kept off the nodes earlier trials' failures
+        pointed at; None: they are not avoided."""
         output = sweep.job.output
         assert output is not None and output.url, "load_sweep(where='cluster') requires output.url"
         self.sweep, self.client, self.poll_seconds, self.notice = sweep, client, poll_seconds, notice
+        self.avoid_nodes = avoid_nodes
         self.base_url = output.url.rstrip("/")
         self.selector = f"{naming.LABEL_SWEEP}={sweep.name}"
         self._jobs: dict[str, dict[str, Any]] = {}  # the sweep's jobs by name, as last listed
@@ -156,7 +166,14 @@ class ClusterTrials:
         ]
         job = loading.load_job(self.sweep.job_file, overrides, require_image=True)
         labels = {**job.labels, naming.LABEL_SWEEP: self.sweep.name, naming.LABEL_TRIAL: str(plan.number)}
-        return job.model_copy(update={"labels": labels})
+        job = job.model_copy(update={"labels": labels})
+        if plan.avoid_nodes and self.avoid_nodes is not None:
+            why = "(suspected by earlier trials' failures: orch sweep status)"
+            job, line = self.avoid_nodes(job, plan.avoid_nodes)
+            if line is not None and line not in self._warned:  # said once, and again when it grows
+                self._warned.add(line)
+                self.notice(f"trial {plan.number} and later: {line} {why}")
+        return job
 
     def job(self, name: str) -> dict[str, Any] | None:
         """The sweep's job `name` as the last list saw it (listed again when older than poll_seconds)."""
@@ -205,7 +222,10 @@ class ClusterTrial:
         if job.get("phase") == FAILED:
             state = self.trials.client.status(self.plan.run)
             message = getattr(state, "message", "") or getattr(state, "reason", "") or "its job failed"
-            return Outcome("failed", exit_class="failed", error=f"job {self.plan.run}: {message}")
+            error = f"job {self.plan.run}: {message}"
+            if nodes := self._suspected_nodes():  # its values did not fail it: asked again, elsewhere
+                return Outcome("retry", exit_class="hardware", error=error, nodes=nodes)
+            return Outcome("failed", exit_class="failed", error=error)
         if job.get("phase") != SUCCEEDED:
             return None
         outcome = self._ended()
@@ -229,6 +249,16 @@ class ClusterTrial:
         if summary is None:
             summary = self.store.read_json(outputs.SUMMARY)
         return ended(objective, summary, self.trials.sweep.metric)
+
+    def _suspected_nodes(self) -> list[str]:
+        """The nodes the failed job's pods name in their termination messages (hardware; orchestrator.hardware);
+        none where the pods cannot be read (a Role without pods: the trial is then a plain failure)."""
+        from orchestrator.cluster.errors import ClusterError
+
+        try:
+            return list(self.trials.client.suspected_nodes(self.plan.run))
+        except ClusterError:
+            return []
 
     def _delete(self) -> None:
         from orchestrator.cluster.errors import NotFound

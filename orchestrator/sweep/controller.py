@@ -259,19 +259,28 @@ class Controller:
         elif outcome.state == "interrupted" and not cut_off:
             return  # the sweep stops: the trial stays RUNNING, for the next `orch sweep` to resume
         else:
-            if outcome.state == "interrupted":
+            # a hardware failure says nothing of the values: asked again elsewhere, max_failed times at most
+            retry = outcome.state == "retry" and self._hardware_reruns() < self.sweep.spec.max_failed
+            again = outcome.state == "interrupted" or retry
+            if again:
                 trial.set_user_attr(studies.RERUN, True)
             trial.set_user_attr(studies.EXIT_CLASS, outcome.exit_class or outcome.state)
             if outcome.error:
                 trial.set_user_attr(studies.ERROR, outcome.error)
+            if outcome.nodes:
+                trial.set_user_attr(studies.NODES, list(outcome.nodes))
             self.study.tell(trial, state=TrialState.FAIL)
-            if outcome.state == "interrupted":
+            if again:
                 self.study.enqueue_trial(dict(trial.params))
-                why = (
-                    f"was cut off ({outcome.error})"
-                    if self.runner.where == "cluster"
-                    else "was cut off before its first checkpoint"
-                )
+                if retry:
+                    why = (
+                        f"failed on suspected hardware ({outcome.error}); the trials from now on are kept off "
+                        + ", ".join(outcome.nodes)
+                    )
+                elif self.runner.where == "cluster":
+                    why = f"was cut off ({outcome.error})"
+                else:
+                    why = "was cut off before its first checkpoint"
                 self.notice(f"trial {number} {why}: its parameters asked again")
                 return
             self.notice(
@@ -321,7 +330,19 @@ class Controller:
 
     def _plan(self, number: int, params: dict[str, Any], run: str) -> TrialPlan:
         plan = TrialPlan(number, params, run)
-        return TrialPlan(number, params, run, env=self.tracking.env(plan))
+        avoid = dict.fromkeys(
+            node
+            for t in self.study.get_trials(deepcopy=False)
+            for node in t.user_attrs.get(studies.NODES, [])
+        )
+        return TrialPlan(number, params, run, env=self.tracking.env(plan), avoid_nodes=tuple(avoid))
+
+    def _hardware_reruns(self) -> int:
+        trials = self.study.get_trials(deepcopy=False)
+        return sum(
+            studies.RERUN in t.user_attrs and t.user_attrs.get(studies.EXIT_CLASS) == "hardware"
+            for t in trials
+        )
 
     def _best(self, number: int) -> str:
         try:

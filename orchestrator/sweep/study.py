@@ -32,8 +32,10 @@ OWNER = "orch.owner"  # which `orch sweep` process runs it (sweep/owners.py): a 
 # no sweep ran: asked again, not counted)
 EXIT_CLASS = "orch.exit_class"
 ERROR = "orch.error"  # its error line
-# a trial cut off before its first checkpoint, failed and asked again: it no longer counts
+# a trial cut off before its first checkpoint (or failed on suspected hardware), failed and asked again: it no
+# longer counts
 RERUN = "orch.rerun"
+NODES = "orch.suspected_nodes"  # the nodes a trial's failure points at: every later trial is kept off them
 # The study's own: where its trials run, "local" or "cluster" (a sweep is continued where it began)
 WHERE = "orch.where"
 

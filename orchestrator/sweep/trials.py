@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from orchestrator import outputs, runtime_env
+from orchestrator import hardware, outputs, runtime_env
 from orchestrator.sweep import owners
 from orchestrator.sweep.spec import Sweep
 
@@ -35,17 +35,20 @@ class TrialPlan:
     number: int
     params: dict[str, Any]
     run: str
-    """Its run dir, relative to the sweep's folder: trial-N."""
+    """Its run dir, relative to the sweep's folder (trial-N), or its job's name."""
     env: dict[str, str] = field(default_factory=dict)
     """What its processes' environment gets besides the job's (its MLflow run's name and parent)."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes earlier trials' failures pointed at (suspected hardware): a cluster trial is kept off them."""
 
 
-OutcomeState = Literal["complete", "pruned", "failed", "interrupted"]
+OutcomeState = Literal["complete", "pruned", "failed", "interrupted", "retry"]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a trial ended. `interrupted`: stopped by the sweep (or cut off), to be resumed or asked again."""
+    """How a trial ended. `interrupted`: stopped by the sweep (or cut off), to be resumed or asked again;
+    `retry`: failed for a reason its values did not cause (its node's hardware), to be asked again elsewhere."""
 
     state: OutcomeState
     value: float | None = None
@@ -53,6 +56,8 @@ class Outcome:
     error: str | None = None
     recorded: list[str] = field(default_factory=list)
     """The metrics the trial recorded, when the objective was not among them."""
+    nodes: list[str] = field(default_factory=list)
+    """The nodes its failure points at (a cluster trial's suspected nodes): later trials are kept off them."""
 
 
 class Running(Protocol):
@@ -266,6 +271,8 @@ def exit_class(code: int) -> str:
         return f"killed by {_signal_name(-code)}"
     if code == 2:
         return "invalid"  # bad input: a combination of parameters the job refuses
+    if code == hardware.EXIT_CODE:
+        return "hardware"  # the pre-flight check or a CUDA error only bad hardware raises (orchestrator.hardware)
     if code == 130 or code == 128 + signal.SIGTERM:
         return "stopped"  # someone else stopped the trial's orch run (the sweep's own stop is "interrupted")
     if code > 128:

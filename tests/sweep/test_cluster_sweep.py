@@ -233,10 +233,11 @@ def test_each_trial_is_one_labelled_job_queued_and_its_result_read_from_the_stor
     assert (
         cluster.most_unfinished == 2
     )  # `parallel`: queued trials count, and no third is submitted meanwhile
-    assert (
-        "trial 0 started: train.optimizer.lr=" in lines[0]
-        and f"-> job lr-trial-0 ({base}/lr-trial-0/)" in lines[0]
-    )
+    started = next(line for line in lines if line.startswith("trial 0 started: "))
+    assert started.endswith(f"-> job lr-trial-0 ({base}/lr-trial-0/)")
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    # what every trial's job risks (this job sets no resources) is said once, not once per trial
+    assert len([w for w in warnings if "BestEffort" in w]) == 1 and len(warnings) == len(set(warnings))
     # the study says where its trials are: `orch sweep status` shows their jobs
     shown = run_orch("sweep", "status", str(path), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -351,6 +352,65 @@ def test_a_killed_sweep_reattaches_running_trials_records_finished_ones_and_asks
     assert f"trial 1 re-attached -> job lr-trial-1 ({base}/lr-trial-1/)" in lines
     assert any(line.startswith("trial 0 complete: eval/loss") for line in lines)
     assert "trial 2 was cut off (its job lr-trial-2 is gone): its parameters asked again" in lines
+
+
+def test_a_trial_failed_on_suspected_hardware_is_asked_again_and_later_trials_avoid_the_node(user, tmp_path):
+    """Trial 0's job fails and its pod's launcher names its own node's GPU (the record orchestrator/hardware.py
+    encodes, which the kubelet copies into state.terminated.message: tests/cluster/test_suspected_nodes.py):
+    its values did not fail it, so they are asked again, not counted toward max_failed (1 here), and every
+    later trial's job is kept off that node (api.avoid_nodes: a required NotIn node affinity)."""
+    from orchestrator import hardware
+    from tests.fakes.emulator import PODS
+
+    cluster, base = user.cluster, user.base
+    path = write_sweep(
+        tmp_path, sweep_text(max_trials=2, parallel=1, extra="max_failed: 1\n"), job=job_storing_at(base)
+    )
+    lines: list[str] = []
+    thread, box = in_a_thread(path, lines)
+    suspect = hardware.Suspect(host="lr-trial-0-master-0", node_rank=0, reason="uncorrectable ECC error",
+                               rank=0, device="cuda:0")  # fmt: skip
+    record = hardware.encode(hardware.Record(hardware.EXIT_CODE, hardware.CLASS_HARDWARE, (suspect,)))
+
+    def operator(name: str, job: dict[str, Any]) -> None:
+        if name != "lr-trial-0":
+            if "Running" in cluster.true(job):
+                cluster.succeed(name, value_of(cluster.lr(name)))
+            else:
+                cluster.run(name)
+            return
+        pod = cluster.kube.add_pod(NS, name, "master", 0, node="gpu-node-7")
+        cluster.kube.patch(PODS, NS, pod, {"status": {"phase": "Failed", "containerStatuses": [{
+            "name": "pytorch", "restartCount": 0, "lastState": {},
+            "state": {"terminated": {"exitCode": hardware.EXIT_CODE, "reason": "Error", "message": record}},
+        }]}})  # fmt: skip
+        cluster.kube.set_conditions(
+            NS, name, ("Created", "True"), ("Failed", "True", "1 Master replica(s) failed.")
+        )
+
+    play_until_done(cluster, thread, operator)
+    result = finished(thread, box)
+
+    rows = {row.number: row for row in result.rows}
+    assert (rows[0].state, rows[0].exit_class, rows[0].rerun) == ("failed", "hardware", True)
+    assert rows[0].error == "job lr-trial-0: 1 Master replica(s) failed."
+    assert [rows[n].state for n in (1, 2)] == ["complete", "complete"]  # exactly max_trials, no max_failed
+    assert rows[1].params == rows[0].params  # its values, asked again
+    for name in ("lr-trial-1", "lr-trial-2"):
+        template = cluster.jobs()[name]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-7"]}
+                ]
+            }
+        ]
+    assert (
+        "trial 0 failed on suspected hardware (job lr-trial-0: 1 Master replica(s) failed.); the trials from now "
+        "on are kept off gpu-node-7: its parameters asked again"
+    ) in lines
+    assert any(line.startswith("trial 1 and later: scheduling.exclude_nodes: + gpu-node-7") for line in lines)
 
 
 def test_a_store_the_sweep_cannot_write_to_stops_it_before_any_trial(user, tmp_path):

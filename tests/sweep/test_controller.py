@@ -268,8 +268,8 @@ def test_sigterm_stops_the_trials_and_leaves_them_to_resume(tmp_path):
 def test_exit_classes_of_a_trials_orch_run():
     from orchestrator.sweep.trials import exit_class
 
-    assert [exit_class(code) for code in (1, 2, 130, 143, 137, -9)] == [
-        "failed", "invalid", "stopped", "stopped", "killed by SIGKILL", "killed by SIGKILL",
+    assert [exit_class(code) for code in (1, 2, 130, 143, 137, -9, 200)] == [
+        "failed", "invalid", "stopped", "stopped", "killed by SIGKILL", "killed by SIGKILL", "hardware",
     ]  # fmt: skip
 
 
