@@ -14,7 +14,7 @@ MLFLOW_SERVER_SPEC ?= mlflow>=2.10,<4
 MOTO_VENV ?= .venv-moto
 MOTO_SERVER_SPEC ?= moto[server]>=5
 
-.PHONY: install mlflow-server moto-server demo test test-all lint bench gpu-check clean
+.PHONY: install mlflow-server moto-server demo test test-all lint bench gpu-check gpu-check-tiny clean
 
 install: $(VENV)/.installed
 
@@ -72,8 +72,13 @@ bench: install
 	test -d build/torchx-site/torchx || $(BIN)/pip install --quiet --target build/torchx-site 'torchx==0.7.0'
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-gpu-check: install  # one GPU, < 8 min: a table and gpu-check.json (docs/performance.md); --tiny on a CPU
+# One GPU, < 8 min: a table and runs/gpu-check.json (docs/performance.md). GPU_CHECK_ARGS adds flags, e.g.
+# GPU_CHECK_ARGS='--json /tmp/report.json'; `make gpu-check-tiny` is the same logic on a CPU (--tiny).
+gpu-check: install
 	$(BIN)/python -m benchmarks.gpu --check $(GPU_CHECK_ARGS)
+
+gpu-check-tiny: install
+	$(BIN)/python -m benchmarks.gpu --check --tiny $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(MLFLOW_VENV) build dist *.egg-info .pytest_cache .mypy_cache runs

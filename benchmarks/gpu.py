@@ -36,23 +36,27 @@ GPT_TINY = {"inner": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 128, "seq_len":
             "samples": 512, "eval_samples": 0}  # fmt: skip
 
 
+# Under runs/, which git ignores (as orch run's outputs): a check leaves nothing untracked in the checkout.
+CHECK_REPORT = "runs/gpu-check.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument(
         "--check",
         action="store_true",
-        help="the GPU check (make gpu-check): every row of docs/performance.md, gpu-check.json",
+        help=f"the GPU check (make gpu-check): every row of docs/performance.md, written to {CHECK_REPORT}",
     )
     parser.add_argument("--tiny", action="store_true", help="small model, CPU allowed, no compile")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default 30; tiny 15)")
     parser.add_argument("--micro-batch", type=int, default=16)
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", help=f"also write the results here (--check: instead of {CHECK_REPORT})")
     args = parser.parse_args(argv)
     if args.check:
         from benchmarks import gpu_check
 
-        return gpu_check.main(tiny=args.tiny, json_path=args.json or "gpu-check.json", steps=args.steps)
+        return gpu_check.main(tiny=args.tiny, json_path=args.json or CHECK_REPORT, steps=args.steps)
     steps = args.steps or (15 if args.tiny else 30)
     task_args = GPT_TINY if args.tiny else GPT_350M
     micro = 4 if args.tiny else args.micro_batch

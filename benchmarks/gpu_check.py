@@ -1,6 +1,6 @@
 """`make gpu-check` (`python -m benchmarks.gpu --check`): the whole GPU path in one command, one GPU, < 8 min.
 
-Prints a table, writes gpu-check.json, exits 1 when any row fails. Each row (docs/performance.md says what
+Prints a table, writes runs/gpu-check.json (git-ignored; --json elsewhere), exits 1 when any row fails. Each row (docs/performance.md says what
 each means) runs orch's trainer as a user's pod does (`torchrun --nproc-per-node=1 -m orchestrator.trainer`):
   versions    torch, CUDA, NCCL, driver, GPU name, a C compiler; every TF32 flag set and read back
   pytest-gpu  `pytest -m gpu`: the suite's CUDA tests (precision, scaler, fused AdamW, NVML for real)
@@ -494,6 +494,7 @@ def main(*, tiny: bool, json_path: str, steps: int | None = None) -> int:
         print(f"\n{row.name} failed:\n{row.detail}")
     seconds = time.perf_counter() - started
     report = {"tiny": tiny, "seconds": seconds, "ok": not failed, "rows": [asdict(r) for r in rows]}
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
     Path(json_path).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"\n{'FAILED' if failed else 'OK'}: {len(rows) - len(failed)}/{len(rows)} rows pass or skip, "
           f"{seconds:.0f} s -> {json_path}")  # fmt: skip
