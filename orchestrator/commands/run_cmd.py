@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.commands.common import job_options, load_job
+from orchestrator.errors import OrchError
 
 if TYPE_CHECKING:
     from orchestrator.local import LocalPlan
@@ -39,7 +41,8 @@ def run(
     (logs/rank-N.log) to --out (default runs/NAME-TIMESTAMP/, a new one per run); rerunning with the same
     --out resumes from the last checkpoint, and a directory another live run holds is refused.
     The first Ctrl-C (or SIGTERM) lets every rank finish its step and write a checkpoint
-    (train.checkpoint.on_stop), then prints the command that resumes; a second Ctrl-C stops at once.
+    (train.checkpoint.on_stop), then prints the command that resumes and exits 128 + the signal (130, 143);
+    a second Ctrl-C stops at once.
     --out s3://bucket/prefix (or gs://, az://) keeps checkpoints, model.pt, summary.json and TensorBoard's
     events in the object store (credentials and AWS_ENDPOINT_URL from the environment or the job's env);
     the logs stay in runs/NAME-TIMESTAMP/.
@@ -72,18 +75,38 @@ def run(
             click.echo(f"tensorboard --logdir {claimed_dir / outputs.TENSORBOARD}")
 
     try:
-        result = api.run_local(spec, procs=procs, steps=steps, output_dir=output_dir,
-                               progress_bar=sys.stdout.isatty(), notice=started,
-                               warn=lambda message: click.echo(f"warning: {message}", err=True))  # fmt: skip
-    except local.RunInterrupted as stopped:
+        try:
+            result = api.run_local(spec, procs=procs, steps=steps, output_dir=output_dir,
+                                   progress_bar=sys.stdout.isatty(), notice=started,
+                                   warn=lambda message: click.echo(f"warning: {message}", err=True))  # fmt: skip
+        finally:
+            _ignore_stop_signals()
+    except (local.RunInterrupted, KeyboardInterrupt) as caught:
+        _ignore_stop_signals()
+        # A Ctrl-C in the moment between the launcher giving Python's handler back and the line above
+        # arrives as a KeyboardInterrupt on top of the run's own result: that result is what happened.
+        stopped = caught.__context__ if isinstance(caught, KeyboardInterrupt) else caught
+        if isinstance(stopped, OrchError) and not isinstance(stopped, local.RunInterrupted):
+            raise stopped from None  # the run's failure line
+        if not isinstance(stopped, local.RunInterrupted):
+            raise  # a Ctrl-C before the launch: click's "Aborted." (exit 130)
         if stopped.stopped_at is None or not resume_with:
-            raise
+            raise stopped from None
         again = resume_command(job_file, overrides, procs, steps, resume_with[0])
-        raise local.RunInterrupted(f"{stopped}; resume: {again}") from None
+        raise local.RunInterrupted(
+            f"{stopped}; resume: {again}", stopped_at=stopped.stopped_at, signum=stopped.signum
+        ) from None
     if result.summary is not None:
         click.echo(format_summary(result.summary))
         if result.links:
             click.echo(format_links(result.links))
+
+
+def _ignore_stop_signals() -> None:
+    """The run is over, stopped or not: what is left is its last line. A Ctrl-C or SIGTERM now has nothing to
+    stop and would only cut that line short or turn it into a traceback (#33)."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
 
 
 def resume_out(out: str | None, output_url: str | None, claimed_dir: Path) -> str | None:

@@ -45,13 +45,69 @@ class RunFailed(OrchError):
 
 class RunInterrupted(OrchError):
     """Ctrl-C (or SIGTERM): every rank was stopped. `stopped_at`: the step whose checkpoint the ranks wrote
-    before they stopped (train.checkpoint.on_stop), None when they stopped without one."""
+    before they stopped (train.checkpoint.on_stop), None when they stopped without one. The exit code is
+    128 + the first signal (130 for Ctrl-C, 143 for SIGTERM), what a shell reports for a process it killed."""
 
-    exit_code = 130
-
-    def __init__(self, message: str, *, stopped_at: int | None = None) -> None:
+    def __init__(self, message: str, *, stopped_at: int | None = None, signum: int = signal.SIGINT) -> None:
         super().__init__(message)
-        self.stopped_at = stopped_at
+        self.stopped_at, self.signum = stopped_at, signum
+        self.exit_code = 128 + signum
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP for the length of one launch. While the ranks run, a signal raises torch's
+    SignalException: torch's agent installs the same handler once it starts the ranks, and stops them on it
+    (the first one forwarded, so they write their stop checkpoint; a second one stops them at once); ours
+    covers the rendezvous before that. Once the launch has returned or raised, the run is over: a further
+    signal is noted, not raised, so that what is left (rank 0's last lines on the console, the live-run
+    index, the one line) finishes instead of ending in a traceback (#33: a second Ctrl-C just as the ranks
+    had stopped). `restore` puts back the handlers found at `install` (orch's Python API may run in a
+    notebook)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+        self.late: list[int] = []
+
+    def install(self) -> None:
+        for number in self.SIGNALS:
+            self._previous[number] = signal.signal(number, self._raise)
+
+    def settle(self) -> None:
+        for number in self._previous:
+            signal.signal(number, self._note)
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    @staticmethod
+    def _raise(number: int, frame: Any) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        raise SignalException(f"process {os.getpid()} got signal {number}", sigval=signal.Signals(number))
+
+    def _note(self, number: int, frame: Any) -> None:
+        self.late.append(number)
+
+
+def _first_signal(error: BaseException) -> int:
+    """The signal that started the stop: a second one raised while torch's agent stopped the ranks carries the
+    first in its context (`__context__`); KeyboardInterrupt is Ctrl-C."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    first, seen = int(signal.SIGINT), set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, SignalException):
+            first = int(current.sigval)
+        elif isinstance(current, KeyboardInterrupt):
+            first = int(signal.SIGINT)
+        current = current.__context__
+    return first
 
 
 # A local run serves metrics on the loopback interface only, unless ORCH_METRICS_ADDR says otherwise.
@@ -112,31 +168,41 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         **_shutdown_timeout(local),
     )
     record = register(local, endpoint_file)
+    stops = _StopSignals()
     try:
-        with (
-            environment(env),
-            launcher_log(log_dir / outputs.LAUNCHER_LOG),
-            live_console(
-                outputs.rank_log(log_dir, 0), progress_file if progress_bar else None, stream, local
-            ),
-        ):
-            try:
-                elastic_launch(config, entrypoint)(*args)
-            except ChildFailedError as error:
-                hang = _hang_line(local.output_dir, since=launched)
-                raise RunFailed(hang + _failure_message(error, local, log_dir)) from None
-            except (SignalException, KeyboardInterrupt):
-                stopped_at = _stopped_at(progress_file) if progress_file is not None else None
-                if stopped_at is None:
-                    raise RunInterrupted(
-                        f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)"
-                    ) from None
+        stops.install()
+        try:
+            with (
+                environment(env),
+                launcher_log(log_dir / outputs.LAUNCHER_LOG),
+                live_console(
+                    outputs.rank_log(log_dir, 0), progress_file if progress_bar else None, stream, local
+                ),
+            ):
+                try:
+                    elastic_launch(config, entrypoint)(*args)
+                finally:
+                    stops.settle()  # the ranks are gone: from here a signal is noted, not raised
+        except ChildFailedError as error:
+            hang = _hang_line(local.output_dir, since=launched)
+            raise RunFailed(hang + _failure_message(error, local, log_dir)) from None
+        except (SignalException, KeyboardInterrupt) as error:
+            stops.settle()  # (a signal before the launch began)
+            signum = _first_signal(error)
+            stopped_at = _stopped_at(progress_file) if progress_file is not None else None
+            if stopped_at is None:
                 raise RunInterrupted(
-                    f"interrupted: all {local.world_size} processes stopped at step {stopped_at} after "
-                    f"writing a checkpoint (their output: {log_dir}/)",
-                    stopped_at=stopped_at,
+                    f"interrupted: stopped all {local.world_size} processes (their output: {log_dir}/)",
+                    signum=signum,
                 ) from None
+            raise RunInterrupted(
+                f"interrupted: all {local.world_size} processes stopped at step {stopped_at} after "
+                f"writing a checkpoint (their output: {log_dir}/)",
+                stopped_at=stopped_at,
+                signum=signum,
+            ) from None
     finally:
+        stops.settle()
         record.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the index folders go with the last live run
             record.parent.rmdir()
@@ -144,6 +210,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
         shutil.rmtree(local.output_dir / outputs.METRICS_FILES, ignore_errors=True)
         if endpoint_file is not None:
             endpoint_file.unlink(missing_ok=True)
+        stops.restore()
     return _summary(local.output_dir, log_dir) if local.train is not None else None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -72,8 +73,12 @@ class _EntryPoint:
         from orchestrator.cli import main
 
         saved = sys.argv
+        handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
         sys.argv = ["orch", *args]
         try:
             main()
         finally:
+            # The process would end here; this one goes on (orch run ignores stop signals once its run is over).
             sys.argv = saved
+            for number, handler in handlers.items():
+                signal.signal(number, handler)

@@ -151,3 +151,48 @@ def stops_at_step(rank: int, step: int, accumulation: int, **synthetic_args) -> 
 
     task.loss_fn = stopping
     return task
+
+
+class HeldAtStart(Dataset):
+    """Serves `inner`; every fetch waits until `release` exists, after marking ORCH_OUTPUT_DIR/waiting-RANK: a
+    rank that waits here is past its set-up (its stop handlers installed) and before its first step."""
+
+    def __init__(self, inner: Dataset, release: Path) -> None:
+        self.inner, self.release = inner, release
+        self.mark = Path(os.environ["ORCH_OUTPUT_DIR"], f"waiting-{os.environ['RANK']}")
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        if not self.release.exists():
+            self.mark.touch()
+            while not self.release.exists():
+                time.sleep(0.01)
+        return self.inner[index]
+
+
+def held_at_start(release: str, **synthetic_args) -> Task:
+    """The synthetic task whose first sample waits until the file `release` exists (HeldAtStart)."""
+    task = synthetic.make(**synthetic_args)
+    task.train_dataset = HeldAtStart(task.train_dataset, Path(release))
+    return task
+
+
+def held_in_save(hold: str, release: str, **synthetic_args) -> Task:
+    """The synthetic task; on rank 1, a checkpoint save (it reads the model's state_dict) waits while the file
+    `hold` exists and `release` does not, after creating ORCH_OUTPUT_DIR/saving-1. Rank 0 has then made the
+    checkpoint's `.tmp` folder and waits for rank 1 at the save's barrier: a save certainly in flight."""
+    task = synthetic.make(**synthetic_args)
+    if os.environ["RANK"] == "1":
+        hold_file, release_file = Path(hold), Path(release)
+        mark = Path(os.environ["ORCH_OUTPUT_DIR"], "saving-1")
+
+        def wait_in_save(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+            if prefix == "" and hold_file.exists() and not release_file.exists():
+                mark.touch()
+                while not release_file.exists():
+                    time.sleep(0.01)
+
+        task.model.register_state_dict_pre_hook(wait_in_save)
+    return task

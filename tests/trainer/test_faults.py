@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -306,7 +307,7 @@ def test_ctrl_c_without_on_stop_stops_every_rank_at_once(tmp_path, sig):
     wait_for(lambda: steps_logged(progress) > 0, what="the first steps")  # in the loop
     process.send_signal(sig)  # SIGINT: what Ctrl-C sends to the launcher
     stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130
+    assert process.returncode == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM (#33)
     # One line: no traceback per rank, no launcher messages (they are in logs/launcher.log).
     assert stderr.strip().splitlines() == [
         f"error: interrupted: stopped all 2 processes (their output: {out}/logs/)"
@@ -347,7 +348,7 @@ def test_a_stop_signal_mid_interval_checkpoints_and_the_rerun_resumes_at_that_st
     pids = worker_pids(out)
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
+    assert process.returncode == 128 + sig, stderr  # 130 or 143 (#33)
     (saved,) = sorted((out / "checkpoints").glob("step-*"))
     stopped_at = int(saved.name.removeprefix("step-"))
     assert 5 <= stopped_at < 30
@@ -423,3 +424,83 @@ def test_orch_run_help_does_not_import_torch():
     code = "import sys, orchestrator.local, orchestrator.commands.run_cmd; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_sigterm_before_the_first_step_checkpoints_it_exits_143_and_later_signals_change_nothing(tmp_path):
+    """#33: SIGTERM to `orch run` while both ranks wait for their first sample (set up, stop handlers in place):
+    they finish step 1, checkpoint it and stop; orch run exits 143 (128 + SIGTERM; it said 130) with its one
+    line. Ctrl-Cs sent while the ranks stop and orch run winds down (a second Ctrl-C 0.5 s after the first
+    printed a 40-line SignalException traceback and exited 1) change neither the code nor the line. On disk:
+    the complete step-1 checkpoint, and the run's lock free for the rerun."""
+    import fcntl
+
+    from orchestrator.trainer import checkpoint
+
+    out, release = tmp_path / "out", tmp_path / "release"
+    spec = job("early", procs=2, max_steps=30, task="tests.trainer.plugin_tasks:held_at_start",
+               task_args={"release": str(release), "samples": 256}, checkpoint={"every_steps": 1000})  # fmt: skip
+    spec_file = write_job(tmp_path, spec)
+    process = start(spec_file, out)
+    wait_for(lambda: (out / "waiting-0").exists() and (out / "waiting-1").exists(), what="both ranks set up")
+    process.send_signal(signal.SIGTERM)
+    launcher_log = out / "logs" / "launcher.log"
+    wait_for(lambda: launcher_log.read_text().count("closing signal SIGTERM") == 2, timeout=60,
+             what="the launcher to forward SIGTERM")  # fmt: skip
+    release.touch()
+    wait_for(lambda: '"stopped"' in (out / "progress.jsonl").read_text(), what="the stop checkpoint")
+    while process.poll() is None:  # from the ranks' last moments to orch run's own exit
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr and "SignalException" not in stderr
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted: all 2 processes stopped at step 1 after writing a checkpoint (their output: "
+        f"{out}/logs/); resume: orch run {spec_file} --out {out}"
+    ]
+    assert "stopped by SIGTERM at step 1/30: checkpoint written" in stdout
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["step-00000001"]
+    newest, skipped = checkpoint.newest_valid(out / "checkpoints")
+    assert newest is not None and newest.name == "step-00000001" and not skipped
+    with open(out / "run.lock", "a") as lock:  # released: a rerun may take it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_sigterm_twice_during_a_checkpoint_save_leaves_no_checkpoint_to_load_and_exits_143(tmp_path):
+    """#33: the second SIGTERM lands while the stop checkpoint is being written (rank 1 held inside the save,
+    rank 0 at its barrier with the `.tmp` folder made): every rank stops at once, orch run exits 143 with one
+    line, and what is on disk is the complete checkpoint of step 4 and a `.tmp` that nothing loads (the next
+    start removes it); both locks (the run's, the checkpoint directory's) are free."""
+    import fcntl
+
+    from orchestrator.trainer import checkpoint
+    from orchestrator.trainer.checkpoint import lock as checkpoint_lock
+
+    out, hold, release = tmp_path / "out", tmp_path / "hold", tmp_path / "release"
+    spec = job("twice", procs=2, max_steps=1000, task="tests.trainer.plugin_tasks:held_in_save",
+               task_args={"hold": str(hold), "release": str(release), "samples": 256, "sample_delay": 0.01},
+               checkpoint={"every_steps": 4, "keep": 5})  # fmt: skip
+    process = start(write_job(tmp_path, spec), out)
+    wait_for(lambda: (out / "checkpoints" / "step-00000004").exists(), what="the step-4 checkpoint")
+    hold.touch()  # the next save holds: the stop's, or the interval's if it comes first
+    process.send_signal(signal.SIGTERM)
+    wait_for(lambda: (out / "saving-1").exists(), what="a save in flight")
+    launcher_log = out / "logs" / "launcher.log"
+    wait_for(lambda: launcher_log.read_text().count("closing signal SIGTERM") >= 2, timeout=60,
+             what="the launcher to forward the first SIGTERM")  # fmt: skip
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted: stopped all 2 processes (their output: {out}/logs/)"
+    ]
+    saved = out / "checkpoints"
+    assert [p.name for p in checkpoint.list_checkpoints(saved)] == ["step-00000004"]
+    (partial,) = [p.name for p in saved.iterdir() if p.name.startswith(".")]
+    assert re.fullmatch(r"\.step-\d{8}\.tmp", partial)  # the save cut off, under the name nothing loads
+    newest, _ = checkpoint.newest_valid(saved)
+    assert newest is not None and newest.name == "step-00000004"  # what a resume loads
+    for lock_file in (out / "run.lock", checkpoint_lock.lock_path(saved)):
+        with open(lock_file, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
