@@ -13,7 +13,9 @@ could not work. This runs torchrun's own `run(args)` in this process and picks t
 - this process got a signal (the kubelet's SIGTERM): 128 + signal, once torch's agent has stopped the
   workers (SIGTERM, then SIGKILL after `--shutdown-timeout` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT);
 - otherwise the failed worker's: 128 + signal for a signal death, else its own code (1-127 for a Python
-  exception or `sys.exit(N)`; >= 128 where it says so itself, e.g. after a checkpoint on SIGTERM).
+  exception or `sys.exit(N)`; >= 128 where it says so itself, e.g. after a checkpoint on SIGTERM, or 137
+  from a shell whose child the OOM killer ended). A worker that had exited 0 while the others still ran is
+  named on a line of its own (`exited_early`): it is what the others then failed waiting for.
 
 With ORCH_RETRY_LIMIT set (a PyTorchJob with `restart.policy: exit-code`), it also bounds the retries: the
 v1 operator recreates a pod that failed with a retryable code, and its backoffLimit counts only the
@@ -68,9 +70,26 @@ def exit_code(failures: dict[int, Any]) -> int:
     crashed = [f.exitcode for f in failures.values() if f.exitcode < 0 and -f.exitcode in CRASH_SIGNALS]
     killed = [f.exitcode for f in failures.values() if f.exitcode == -signal.SIGKILL and _early(f, failures)]
     cause: int = (crashed or killed or [next((f.exitcode for f in failures.values()), 1)])[0]
-    if cause < 0:
-        return SIGNAL_BASE + min(-cause, 127)
-    return min(cause, 255) if cause > 0 else 1
+    return code_of(cause)
+
+
+def code_of(exitcode: int) -> int:
+    """The exit code that keeps a worker's failure class, from torch's `exitcode` (-N: killed by signal N):
+    128 + N for a signal death (retryable), the worker's own code otherwise (1-127 permanent; >= 128
+    where it says so itself: 143 after a stop checkpoint, 137 from a shell whose child was SIGKILLed)."""
+    if exitcode < 0:
+        return SIGNAL_BASE + min(-exitcode, 127)
+    return min(exitcode, 255) if exitcode > 0 else 1
+
+
+def exited_early(failures: dict[int, Any], local_world_size: int) -> list[int]:
+    """This launcher's local ranks that had exited 0 while the others ran: once one worker fails, torch's
+    agent stops every worker still running and records it among the failures too (multiprocessing/api.py
+    `_poll`), so a local rank missing from them had ended with exit code 0 before. A rank that ends early
+    (a task's sys.exit(0), a script that returns) leaves its peers waiting for it in their next collective:
+    they fail at once on a closed connection (gloo) or at train.collective_timeout (NCCL)."""
+    failed = {getattr(f, "local_rank", rank) for rank, f in failures.items()}
+    return [rank for rank in range(local_world_size) if rank not in failed]
 
 
 def _early(failure: Any, failures: dict[int, Any]) -> bool:
@@ -157,11 +176,21 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _raise_signal)
     try:
-        torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
+        try:
+            torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
+        finally:
+            # The workers are gone; what is left is this process's lines and exit code. torch's handler (it
+            # raises) stays installed, and a second signal here would end PID 1 in a traceback and exit 1.
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
     except ChildFailedError as error:
         record = classify(error.failures, exit_code(error.failures), Path(os.environ.get(outputs.ENV) or "."))
         # What torchrun's @record prints: each failed rank. (torch's elastic errors are untyped.)
         print(error.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
+        if str(args.nproc_per_node).isdigit():
+            for rank in exited_early(error.failures, int(args.nproc_per_node)):
+                print(f"orch: local rank {rank} had exited 0 while the other workers still ran: a rank that "
+                      "ends early leaves its peers waiting for it in their next collective", file=sys.stderr)  # fmt: skip
         code = record.exit_code
         print(f"orch: a worker failed; exit code {code} ({record.exit_class})", file=sys.stderr, flush=True)
         for suspect in record.suspects:

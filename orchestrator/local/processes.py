@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator import outputs, runtime_env
+from orchestrator import launch, outputs, runtime_env
 from orchestrator.errors import OrchError
 from orchestrator.local import worker
 from orchestrator.local.console import RunLogs, launcher_log, live_console
@@ -38,9 +38,13 @@ TRAINER_MODULE = "orchestrator.trainer"
 
 
 class RunFailed(OrchError):
-    """A rank failed (after any elastic restarts); the message names it and its error."""
+    """A rank failed (after any elastic restarts); the message names it and its error. `exit_code` keeps the
+    failure's class, as a pod's launcher does: 1 (permanent) for an exception or a run that did not finish,
+    128 + N (retryable) for a rank killed by signal N."""
 
-    exit_code = 1
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class RunInterrupted(OrchError):
@@ -185,7 +189,8 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
                     stops.settle()  # the ranks are gone: from here a signal is noted, not raised
         except ChildFailedError as error:
             hang = _hang_line(local.output_dir, since=launched)
-            raise RunFailed(hang + _failure_message(error, local, log_dir)) from None
+            message, code = _failure_message(error, local, log_dir)
+            raise RunFailed(hang + message, exit_code=code) from None
         except (SignalException, KeyboardInterrupt) as error:
             stops.settle()  # (a signal before the launch began)
             signum = _first_signal(error)
@@ -265,8 +270,11 @@ def _hang_line(output_dir: Path, *, since: float) -> str:
     return f"{line}, every rank's stack in its log; "
 
 
-def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
-    """One line: the first failing rank, its exception and where it was raised, and its log file."""
+def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> tuple[str, int]:
+    """One line and `orch run`'s exit code: the first failing rank, its exception and where it was raised, its
+    log file, and before it any rank that had exited 0 while the others ran (what they failed waiting for).
+    The code keeps the named rank's class as a pod's launcher does (launch.code_of): 1 for an exception,
+    128 + N for a rank killed by signal N, the rank's own code otherwise (137 from a shell, say)."""
     rank, failure = _first_failure(error)
     data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
     if isinstance(data, dict):  # written by @record (trainer) or worker.py: the exception, the traceback
@@ -275,17 +283,26 @@ def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> str:
         text = reason[0] + (f" (at {where})" if where else "")
     elif failure.exitcode < 0:
         text = f"killed by {_signal_name(-failure.exitcode)}"
-    elif (
-        failure.exitcode > 128
-    ):  # the trainer's stop on a signal (its checkpoint written), or a shell's report
+    elif failure.exitcode - 128 in STOP_SIGNALS:  # the trainer's stop on a signal (its checkpoint written)
         text = f"stopped on {_signal_name(failure.exitcode - 128)}"
+    elif failure.exitcode > 128:  # a shell's report of a child killed by that signal (an OOM kill: 137)
+        text = f"128 + {_signal_name(failure.exitcode - 128)}: a process it ran was killed by that signal"
     else:
         text = "no error recorded"
     restarts = (
         f" after {local.max_restarts} restart{'s' * (local.max_restarts != 1)}" if local.max_restarts else ""
     )
     log = outputs.rank_log(log_dir, rank)
-    return f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log}"
+    line = f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log}"
+    early = launch.exited_early(error.failures, local.world_size)
+    if early:
+        ranks = ", ".join(str(r) for r in early)
+        logs = ", ".join(str(outputs.rank_log(log_dir, r)) for r in early)
+        line = (
+            f"rank{'s' * (len(early) > 1)} {ranks} exited 0 while the other ranks still ran (output: {logs}), "
+            f"and a rank that ends early leaves its peers waiting for it in their next collective; then {line}"
+        )
+    return line, launch.code_of(failure.exitcode)
 
 
 def _first_failure(error: Any) -> tuple[int, Any]:

@@ -28,3 +28,23 @@ def slow(**synthetic_args) -> Task:
     Path(os.environ["ORCH_OUTPUT_DIR"]).mkdir(parents=True, exist_ok=True)
     Path(os.environ["ORCH_OUTPUT_DIR"], f"started-{os.environ['RANK']}").write_text(str(os.getpid()))
     return synthetic.make(**synthetic_args)
+
+
+def exits_0_on_rank(rank: int, at_step: int = 3, **synthetic_args) -> Task:
+    """Rank `rank`'s loss function calls sys.exit(0) at its `at_step`-th call: one rank ends early and quietly
+    (a task's or script's bug) while its peers go on to their next collective."""
+    import sys
+
+    task = synthetic.make(**synthetic_args)
+    if int(os.environ["RANK"]) != rank:
+        return task
+    loss_fn, calls = task.loss_fn, [0]
+
+    def exiting(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] >= at_step:
+            sys.exit(0)
+        return loss_fn(*args, **kwargs)
+
+    task.loss_fn = exiting
+    return task

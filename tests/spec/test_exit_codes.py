@@ -90,6 +90,18 @@ def test_a_python_exception_ends_the_container_permanent(tmp_path):
     assert "exit code 1 (permanent)" in result.stderr
 
 
+def test_a_worker_that_exits_0_early_is_named_and_the_failure_it_causes_stays_permanent(tmp_path):
+    """#33: rank 1 ends with exit code 0 at its third step; rank 0 then fails in its next collective (gloo: the
+    connection is gone). torch lists only rank 0's failure, so orch says which worker had exited 0, and the
+    container ends as rank 0's exception does: 1, permanent (a retry would repeat it)."""
+    command, env, out = pod(tmp_path, "exits_0_on_rank", {"rank": 1, "at_step": 3, "samples": 256})
+    result = run_pod(command, env, out)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "orch: local rank 1 had exited 0 while the other workers still ran" in result.stderr
+    assert "exit code 1 (permanent)" in result.stderr
+    assert "Traceback" not in result.stderr.split("orch: local rank 1")[1]  # orch's own lines end the output
+
+
 def test_sigterm_to_the_pod_ends_the_container_retryable(tmp_path):
     """The kubelet's SIGTERM (eviction, preemption, delete) goes to the container's main process only; the
     pod's next start is not counted as a retry (backoff_limit 0 and a claim: it would be refused)."""

@@ -445,8 +445,9 @@ def test_the_rank_that_failed_is_named_not_one_the_launcher_stopped(tmp_path):
             0: ProcessFailure(local_rank=0, pid=10, exitcode=stopped, error_file=str(tmp_path / "none-0")),
             1: ProcessFailure(local_rank=1, pid=11, exitcode=3, error_file=str(tmp_path / "none-1")),
         }
-        message = _failure_message(ChildFailedError("w", failures), plan, tmp_path)
+        message, code = _failure_message(ChildFailedError("w", failures), plan, tmp_path)
         assert message == f"rank 1 failed (exit code 3): no error recorded; its output: {tmp_path}/rank-1.log"
+        assert code == 3  # orch run's exit code: the named rank's (#33)
 
 
 def load_spec(tmp_path: Path):
@@ -483,6 +484,22 @@ def test_a_task_that_calls_sys_exit_0_is_one_line_not_a_traceback(run_job):
         "error: every process exited 0 but the trainer wrote no summary.json: the run did not finish "
         f"(does the task call sys.exit()?); their output: {run.out}/logs/"
     )
+
+
+def test_one_rank_that_exits_0_early_is_named_as_what_its_peer_failed_waiting_for(run_job):
+    """#33: rank 1 ends with exit code 0 at its third step while rank 0 goes on; rank 0 fails in its next
+    collective. The line named rank 0's connection error alone; it now names rank 1 first, and exits 1
+    (rank 0's exception: permanent), not after train.collective_timeout."""
+    spec = job("early", task="tests.spec.exit_code_tasks:exits_0_on_rank", task_args={"rank": 1, "at_step": 3},
+               max_steps=40, collective_timeout="10m")  # fmt: skip
+    run = run_job(spec, "--procs", "2", timeout=240)
+    assert run.returncode == 1, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(
+        f"error: rank 1 exited 0 while the other ranks still ran (output: {run.out}/logs/rank-1.log), and a "
+        "rank that ends early leaves its peers waiting for it in their next collective; then rank 0 failed "
+        "(exit code 1): "
+    ), line
 
 
 def test_an_on_eval_string_reaches_the_result_line(plateau_run):
