@@ -28,6 +28,8 @@ in the table below, with who writes it, and its writer and reader use the name.
       goodput/                the trainer (rank 0 of each attempt): the goodput journal (orchestrator/goodput.py)
       hang.json               the trainer (the rank that noticed a stall first): which ranks stopped, where
       stacks/                 the trainer (every rank): rank-N.json (who it is), rank-N.txt (stacks on demand)
+      stacks.request          orch stacks (a cluster job's): in its store only, OUTPUT_URL/stacks.request, while
+                              it waits; every rank answers under OUTPUT_URL/stacks/ID/rank-N.json (removed after)
       nccl-traces/            the launchers: NCCL's flight recorder dumps a rank's trace here on a timeout
 
 Stdlib only, and light: the launchers import it before anything else (a rank's shim, a pod's PID 1).
@@ -66,6 +68,7 @@ PREFLIGHT = "preflight.json"
 GOODPUT = "goodput"
 HANG = "hang.json"
 STACKS = "stacks"
+STACKS_REQUEST = "stacks.request"
 NCCL_TRACES = "nccl-traces"
 
 # What `orch run` leaves in OUT: a folder holding one of these is a run's output, not the user's code.
@@ -87,6 +90,16 @@ def rank_stacks(output_dir: Path | str, rank: int | str) -> tuple[Path, Path]:
     faulthandler appends every thread's stack when `orch stacks` signals it)."""
     folder = Path(output_dir) / STACKS
     return folder / f"rank-{rank}.json", folder / f"rank-{rank}.txt"
+
+
+def stacks_answers(request_id: str) -> str:
+    """Where the ranks answer `orch stacks`'s request `request_id` in the job's store, relative to OUTPUT_URL:
+    STACKS/ID/, one rank-N.json each (every thread's stack and where the rank is; orchestrator/stacks.py)."""
+    return f"{STACKS}/{request_id}"
+
+
+def stacks_answer(request_id: str, rank: int | str) -> str:
+    return f"{stacks_answers(request_id)}/rank-{rank}.json"
 
 
 def nccl_trace_env(output_dir: Path | str) -> dict[str, str]:

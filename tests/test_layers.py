@@ -121,7 +121,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.outputs",
             "orchestrator.hardware",  # hardware failures: exit code, signatures, the pod's record (stdlib)
             "orchestrator.goodput",  # the goodput journal's records and their accounting (stdlib)
-            "orchestrator.stacks",  # every rank's stack on demand, from OUT's rank records (stdlib)
+            "orchestrator.stacks",  # every rank's stack on demand: OUT's rank records, the store's requests
             "orchestrator.storage",
             "orchestrator.kube",
             "orchestrator.apis.registry",

@@ -14,8 +14,10 @@ faulthandler) into its log. The collective still fails at train.collective_timeo
 hang, it does not end it.
 
 The same thread writes rank 0's goodput journal every few seconds (journal.py), and every rank registers
-faulthandler on SIGUSR1 (STACK_SIGNAL) for `orch stacks`, which signals the ranks of a live run and reads what
-they write to OUT/stacks/rank-N.txt.
+faulthandler on SIGUSR1 (STACK_SIGNAL) for `orch stacks --local`, which signals the ranks of a live run and
+reads what they write to OUT/stacks/rank-N.txt. With an object store (output.url), every rank also runs a
+StacksWatch, a thread that looks for a cluster `orch stacks`'s request there every few seconds and answers it
+(orchestrator/stacks.py).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ class Heartbeat(NullHeartbeat):
         kept: Any,
         journal: NullJournal,
         meter: Meter,
+        stacks_url: str | None = None,
     ) -> None:
+        """`stacks_url`: the run's object store (output.url), where a cluster `orch stacks` asks; None: none."""
         self.timeline, self.rank, self.world_size, self.journal = timeline, rank, world_size, journal
         self.meter = meter
         self.prefix = f"{store_prefix}/heartbeat"
@@ -86,12 +90,17 @@ class Heartbeat(NullHeartbeat):
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="orch-heartbeat", daemon=True)
         self._host = socket.gethostname()
+        self.stacks_watch = StacksWatch(stacks_url, self) if stacks_url else None
 
     def start(self) -> None:
         self._thread.start()
+        if self.stacks_watch is not None:
+            self.stacks_watch.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.stacks_watch is not None:
+            self.stacks_watch.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval)
 
@@ -279,3 +288,65 @@ def register_stacks(output_dir: Path, rank: int) -> None:
 def unregister_stacks() -> None:
     with contextlib.suppress(RuntimeError, ValueError):
         faulthandler.unregister(stacks.STACK_SIGNAL)
+
+
+class StacksWatch:
+    """`orch stacks` on a cluster: a thread of one rank that looks for a request in the run's object store
+    (OUTPUT_URL/stacks.request: one GET every stacks.poll_seconds(), 10 s unless the job's env sets
+    ORCH_STACKS_POLL_SECONDS; nothing in the step) and answers each request once, while its asker waits:
+    every thread's stack (py-spy on itself, else faulthandler), where the loop is, the world size; the first
+    rank to answer (an `add` on the c10d store decides) adds every rank's last heartbeat, which names a rank
+    that cannot answer. A store that does not answer is asked again at the next look."""
+
+    def __init__(self, url: str, beat: Heartbeat) -> None:
+        self.url, self.beat = url, beat
+        try:
+            self.seconds = stacks.poll_seconds()
+        except ValueError as error:  # the job's env: training goes on, at the default interval
+            log.warning("orch stacks: %s; looking for requests every %g s", error, stacks.POLL_SECONDS)
+            self.seconds = stacks.POLL_SECONDS
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orch-stacks-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()  # a daemon: a request in flight ends with the process
+
+    def _run(self) -> None:
+        from orchestrator import storage
+
+        try:
+            store, key = storage.object_store(self.url, request_seconds=min(5.0, self.seconds),
+                                              retry_seconds=self.seconds)  # fmt: skip
+        except storage.StorageError:
+            return  # not a URL the store takes: the run's start said so
+        answered, failures = None, 0
+        while not self._stopping.wait(self.seconds):
+            try:
+                request = stacks.read_request(store, key)
+                if request is not None and request.id != answered:
+                    answered = request.id
+                    stacks.post_answer(store, key, request, self.beat.rank, self._answer(request.id))
+                failures = 0
+            except Exception as error:  # noqa: BLE001 (obstore's errors: the next look tries again)
+                failures += 1
+                if failures == 3:
+                    log.warning("orch stacks: cannot read %s (%s); this rank answers once it can", self.url,
+                                error)  # fmt: skip
+
+    def _answer(self, request_id: str) -> dict[str, Any]:
+        text, how = stacks.own_stack()
+        now, where = time.time(), self.beat.timeline.where()
+        answer: dict[str, Any] = {
+            "rank": self.beat.rank, "world_size": self.beat.world_size, "pid": os.getpid(),
+            "host": self.beat._host, "how": how, "text": text, "step": where.step, "phase": where.phase,
+            "seconds": round(now - where.since, 1), "at": now,
+        }  # fmt: skip
+        with contextlib.suppress(Exception):  # the c10d store is gone: no heartbeats to add
+            store = _connect()
+            if store.add(self.beat._key(f"stacks-{request_id}"), 1) == 1:
+                beats = {rank: _read(store, self.beat._key(rank)) for rank in range(self.beat.world_size)}
+                answer["beats"] = {str(rank): b for rank, b in beats.items() if b is not None}
+        return answer

@@ -562,7 +562,8 @@ def watch(
     timeline: Timeline, cfg: TrainSpec, runtime: RuntimeEnv, world: Dist, meter: Meter
 ) -> tuple[NullJournal, NullHeartbeat]:
     """Rank 0's goodput journal (OUT/goodput/ and the store's copy); every rank's heartbeat thread, started
-    (it also writes the journal every few seconds); every rank's stack on SIGUSR1 (orch stacks)."""
+    (it also writes the journal every few seconds, and with output.url answers a cluster `orch stacks` from a
+    thread of its own); every rank's stack on SIGUSR1 (orch stacks --local)."""
     from orchestrator.trainer import heartbeat, journal
 
     if not runtime.heartbeat:  # ORCH_HEARTBEAT=0 (benchmarks): the loop's marks only
@@ -574,7 +575,7 @@ def watch(
     beat = heartbeat.Heartbeat(
         timeline, rank=world.rank, world_size=world.world_size, store_prefix=world.store_prefix,
         collective_timeout=cfg.collective_timeout, output_dir=output_dir, kept=kept, journal=records,
-        meter=meter,
+        meter=meter, stacks_url=runtime.output_url,
     )  # fmt: skip
     beat.start()
     heartbeat.register_stacks(output_dir, world.rank)
