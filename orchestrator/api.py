@@ -45,6 +45,7 @@ __all__ = [
     "Build",
     "Client",
     "LocalRun",
+    "StacksByExec",
     "Submitted",
     "WaitTimeout",
     "avoid_nodes",
@@ -66,6 +67,15 @@ Callback = Callable[[str], None]
 
 def _silent(message: str) -> None:
     pass
+
+
+class StacksByExec(OrchError):
+    """`Client.stacks` cannot ask the job's ranks through its object store (no output.url, no rank answered):
+    `commands` are the `kubectl exec` command of each running pod, which can (`orch stacks` prints them)."""
+
+    def __init__(self, message: str, commands: Sequence[str]) -> None:
+        super().__init__(message)
+        self.commands = list(commands)
 
 
 class WaitTimeout(OrchError):
@@ -491,6 +501,55 @@ class Client:
         return dataclasses.replace(
             state, straggler=top.find_straggler(name, namespace=state.namespace), **_journal(state)
         )
+
+    def stacks(self, name: str, *, timeout: float = 30.0) -> list[RankStack]:
+        """`orch stacks NAME`: every rank's Python stack (all threads) of the running job `name` and where its
+        loop is, asked through the job's object store (output.url: a request there, which each rank looks for
+        every few seconds and answers; orchestrator/stacks.py), with this shell's credentials for the store
+        as `orch status` reads it. A rank that did not answer within `timeout` seconds is in the list with
+        `answered` False and its last heartbeat's step and phase (the hung one). OrchError, one line: the
+        job not running, no output.url (then with the `kubectl exec` command of each pod), the store not
+        usable, another `orch stacks` asking, no rank answering."""
+        from orchestrator import cluster, stacks, status, storage
+        from orchestrator.kube import read
+
+        name = _job_name("Client.stacks", name)
+        _expect("Client.stacks", "timeout", timeout, (int, float), "seconds")
+        if not 0 < timeout < float("inf"):
+            raise UsageError(f"timeout: {timeout:g} is not a number of seconds above 0")
+        target = self.cluster(lean=True)
+        job = cluster.locate(target, name)
+        pods = cluster.job_pods(target, job)
+        phase = job.api.phase(job.obj, pods)
+        if phase != status.RUNNING:
+            raise OrchError(
+                f"job {name} is {phase}, not Running: orch stacks asks the ranks of a running job"
+            )
+        url = read.text(read.dig(job.obj, "metadata", "annotations", naming.ANNOTATION_OUTPUT_URL))
+        commands = [
+            f"kubectl exec -n {job.namespace} {read.text(read.dig(p, 'metadata', 'name'))} -c "
+            f"{job.api.container} -- python -m orchestrator.stacks"
+            for p in pods
+            if read.dig(p, "status", "phase") == status.RUNNING
+        ]
+        if not url:
+            raise StacksByExec(
+                f"job {name} has no output.url, the object store through which orch stacks asks its ranks: "
+                "ask each running pod with kubectl exec instead (needs pods/exec, which orch's Role leaves out)",
+                commands,
+            )
+        try:
+            found = stacks.ask_ranks(url, seconds=timeout)
+        except storage.StorageError as error:
+            raise OrchError(str(error)) from None
+        if not found:
+            raise StacksByExec(
+                f"no rank of job {name} answered within {timeout:g} s through {url}/ (a trainer older than "
+                "orch stacks through the store, pods that cannot reach it, or ORCH_HEARTBEAT=0): ask each "
+                "running pod with kubectl exec instead",
+                commands,
+            )
+        return found
 
     def list(self, *, all_namespaces: bool = False, selector: str | None = None) -> list[dict[str, Any]]:
         """The jobs orch submitted, one row each: name, namespace, api, phase, age, nodes, GPUs (`orch list`);

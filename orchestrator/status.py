@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.apis.base import JobAPI
 
 PENDING = "Pending"  # no condition is True yet: the controller has not seen the job
+RUNNING = "Running"  # its ranks run (what `orch stacks` asks)
 UNKNOWN = "Unknown"  # the job's status is there but cannot be read (not a list of conditions)
 FINISHED = frozenset({"Failed", "Succeeded"})
 

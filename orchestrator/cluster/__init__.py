@@ -39,6 +39,7 @@ from orchestrator.cluster.errors import (
 from orchestrator.cluster.jobs import (
     Job,
     delete_job,
+    job_pods,
     job_status,
     list_jobs,
     locate,
@@ -77,6 +78,7 @@ __all__ = [
     "Unauthorized",
     "connect",
     "delete_job",
+    "job_pods",
     "job_status",
     "list_jobs",
     "locate",

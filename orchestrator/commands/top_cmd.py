@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.commands.common import checked_job_name, checked_namespace, output_option
+from orchestrator.commands.cluster_cmds import REQUEST_TIMEOUT_KEY, cluster_options
+from orchestrator.commands.common import DURATION, checked_job_name, checked_namespace, output_option
 
 
 @click.command()
@@ -115,27 +116,58 @@ def top(
 
 @click.command()
 @click.argument("name", callback=checked_job_name)
+@cluster_options
 @click.option("--local", "local", is_flag=True, help="The live `orch run` of NAME on this machine.")
-def stacks(name: str, local: bool) -> None:
+@click.option("--timeout", type=DURATION, default=30, show_default=True,
+              help="How long to wait for a cluster job's ranks to answer, e.g. 1m.")  # fmt: skip
+@output_option("text", "json")
+def stacks(
+    name: str,
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    local: bool,
+    timeout: int,
+    output: str,
+) -> None:
     """Print the Python stack (every thread) of each live rank of job NAME: where a slow or stuck job is.
 
-    With py-spy installed (`pip install py-spy`) it reads each process from outside, native frames too;
-    otherwise each rank writes its own stack on SIGUSR1 (Python's faulthandler, which the trainer registers),
-    into OUT/stacks/rank-N.txt. --local: the live `orch run` of NAME on this machine. In a pod of a cluster
-    job, `python -m orchestrator.stacks` prints the same for that pod's ranks (kubectl exec).
+    A cluster job (the default) is asked through its object store, output.url, with this shell's
+    credentials for it (AWS_*, as orch status reads it): orch writes a request there, every rank looks for
+    one every 10 s ($ORCH_STACKS_POLL_SECONDS in the job's env) and answers with its stack and where its loop
+    is (step, phase); orch prints them by rank, then removes the request and the answers. A rank that does
+    not answer within --timeout is named with its last heartbeat's step and phase: it is stopped, dead, or
+    no thread of it can run (the hung one). A job without output.url: the `kubectl exec` command of each
+    running pod on stdout instead (pods/exec, which orch's Role leaves out), exit 1.
+
+    --local: the live `orch run` of NAME on this machine, read with py-spy where installed (from outside,
+    native frames too), else each rank's own faulthandler on SIGUSR1 (into OUT/stacks/rank-N.txt).
 
     \b
-    Example:
-      orch stacks digits-ddp --local
+    Examples:
+      orch stacks digits-ddp              # a cluster job
+      orch stacks digits-ddp -o json      # the same as data: rank, pid, host, how, text, step, phase, ...
+      orch stacks digits-ddp --local      # an `orch run` on this machine
     """
+    import dataclasses
+    import json
+
     from orchestrator import api
 
-    if not local:
-        from orchestrator.errors import UsageError
-
-        raise UsageError(
-            "orch stacks reads a live `orch run` of NAME (add --local); for a pod of a cluster job: "
-            "kubectl exec POD -- python -m orchestrator.stacks (needs pods/exec, which orch's Role leaves out)"
-        )
-    for stack in api.local_stacks(name):
+    if local:
+        found = api.local_stacks(name)
+    else:
+        request_timeout = click.get_current_context().meta.get(REQUEST_TIMEOUT_KEY)
+        client = api.Client(kubeconfig=kubeconfig, context=context, namespace=namespace,
+                            request_timeout=request_timeout)  # fmt: skip
+        try:
+            found = client.stacks(name, timeout=timeout)
+        except api.StacksByExec as error:  # on stdout, to copy; the error line on stderr says why
+            for command in error.commands:
+                click.echo(command)
+            raise
+    if output == "json":
+        click.echo(json.dumps([dataclasses.asdict(stack) for stack in found], indent=2))
+        return
+    for stack in found:
         click.echo(stack.block())

@@ -66,6 +66,7 @@ def pytorchjob_life(env: Env, job_file: Path) -> None:
     kube.write_log(NS, master, "hello")
     for args in (("status", "demo"), ("list",), ("logs", "demo"), ("logs", "demo", "--rank", "0")):
         ok(env, *args)
+    ok(env, "stacks", "demo", code=1)  # no output.url: each pod's kubectl exec, no exec made by orch
     kube.end_log(NS, master)
     kube.set_conditions(NS, "demo", ("Succeeded", "True"))
     ok(env, "logs", "demo", "-f")
@@ -101,6 +102,7 @@ def trainjob_life(env: Env, job_file: Path) -> None:
     kube.write_log(NS, node, "hello")
     for args in (("status", "demo"), ("list",), ("logs", "demo"), ("logs", "demo", "--rank", "0")):
         ok(env, *args)
+    ok(env, "stacks", "demo", code=1)
     trainer.finish()
     ok(env, "logs", "demo", "-f")
     ok(env, "wait", "demo")
