@@ -12,7 +12,8 @@ api_client, ...)`), so tests point it at an API emulator over real HTTP.
 - `session`: how one request is made: the deadline, bounded retries, the answer read and checked.
 - `failures`: what a failed request was (retry it?) and the `ClusterError` it becomes, in one line.
 - `rest`: the API's paths, sent through one of two transports (the official `ApiClient`, or urllib3).
-- `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl.
+- `connection`: `Target` and `connect`: kubeconfig, context and namespace chosen like kubectl; the transport.
+- `kubeconfig`: the kubeconfig files found, parsed, merged and checked; their TLS material loaded.
 - `objects`: submit (the job, then what it owns; all or nothing), prepare, roll back.
 - `jobs`: find a job on whichever API has it; status, list, wait, delete.
 - `logs`: every pod's log, once or followed (`LogFollower`).

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from orchestrator import cluster
-from orchestrator.cluster.connection import Kubeconfig, lean_transport
+from orchestrator.cluster.connection import lean_transport
+from orchestrator.cluster.kubeconfig import Kubeconfig
 from orchestrator.cluster.rest import LeanTransport, OfficialTransport
 from orchestrator.kube.kinds import POD
 from tests.cluster.test_faults import one_error_line
