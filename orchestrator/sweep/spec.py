@@ -45,7 +45,7 @@ TRIAL_JOB = "{sweep}-trial-{number}"  # a cluster trial's job name (sweep/cluste
 MAX_CLUSTER_SWEEP_NAME = 36
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 METRIC = re.compile(r"(train|eval)/[A-Za-z0-9_.-]+")
-# What the trainer records, by the names the trackers show (orchestrator/trainer/tracking.py step_metrics):
+# What the trainer records, by the names the trackers show (orchestrator/trainer/tracking/loop.py step_metrics):
 # train/* at each log step; eval/loss and the built-in tasks' eval metrics at each evaluation and at the end.
 TRAIN_METRICS = ("loss", "lr", "grad_norm", "samples_per_second")
 

@@ -1,47 +1,22 @@
-"""Experiment tracking: where rank 0 records a run besides stdout and Prometheus (MLflow, TensorBoard).
-
-Sinks in the torchtitan style: a `NullTracker` that does nothing (every rank but 0, or tracking off), one class
-per backend, and `Trackers` that fans out to several. The loop calls the same four methods whatever is on:
-
-    tracker.start(saved=..., step=...)       after the resume: continue the checkpoint's MLflow run, if any
-    tracker.log_metrics(step, {"train/loss": ...})   at log steps and evaluations
-    tracker.log_artifacts([summary.json, model.pt])  at the end
-    tracker.close(failed=...)                in the entrypoint's `finally`
-
-Tracking never takes training down, and never blocks a collective path. MLflow calls run on a background
-thread: a server that does not answer costs the loop nothing, is one warning, and what it missed is kept and
-sent again later (every `retry_seconds`, and once more at the end); what still could not be sent is said when
-the run closes, which waits at most `close_seconds` ($ORCH_TRACKING_CLOSE_SECONDS). A checkpoint never waits
-for the server (rank 0 would hold the other ranks in the checkpoint's collectives): it records the run's key, a
-random id drawn when the training run starts and tagged on the MLflow run when it is created, and the run's id
-once known; a resume from a checkpoint taken before the run existed finds it by that tag. An error that trying again cannot fix (a refused request, a store MLflow will not
-open) is said once, in full, and MLflow is switched off for the run. A TensorBoard writer that fails (a full
-disk) is one warning and is switched off.
-
-mlflow and tensorboard are optional (`pip install 'orch-trainer[tracking]'`) and imported only when used.
-"""
+"""`MlflowTracker`: one MLflow run per job, continued on resume; every network call on a background thread,
+what a server that does not answer missed kept and sent again, an error trying again cannot fix said once
+(the package's docstring has the whole contract)."""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orchestrator import outputs
-from orchestrator.redaction import redact, redact_url
-from orchestrator.runtime_env import PIP_LINE, TrackingSettings, missing_requirements
-
-if TYPE_CHECKING:
-    pass
+from orchestrator.redaction import redact_url
+from orchestrator.trainer.tracking.sinks import DEFAULT_CLOSE_SECONDS, NullTracker, warn
 
 # Tags on the MLflow run. `mlflow.source.git.commit` is MLflow's own (its UI shows it as the run's source).
 TAG_JOB, TAG_NAMESPACE, TAG_API_KIND = "orch.job", "orch.namespace", "orch.api_kind"
@@ -62,115 +37,6 @@ MLFLOW_HTTP_DEFAULTS = {
     "MLFLOW_ALLOW_FILE_STORE": "true",
 }
 DEFAULT_RETRY_SECONDS = 30.0
-DEFAULT_CLOSE_SECONDS = 120.0
-CLOSE_SECONDS_ENV = "ORCH_TRACKING_CLOSE_SECONDS"  # how long the end of a run waits for MLflow
-# --- sinks ------------------------------------------------------------------------------------------------
-
-
-class NullTracker:
-    """Tracker that does nothing: every rank but 0, and jobs without a `tracking:` section."""
-
-    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
-        """Begin, or continue what a checkpoint's state() saved, at `step`."""
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        pass
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        pass
-
-    def log_artifacts(self, paths: list[Path]) -> None:
-        pass
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps so that a resumed job continues the same run."""
-        return {}
-
-    def links(self) -> dict[str, str]:
-        """Where to look at the run: {"mlflow": run URL, "tensorboard": log dir}."""
-        return {}
-
-    def close(self, *, failed: bool = False) -> list[str]:
-        """Finish the run; returns what could not be recorded (one line each), empty when all went through."""
-        return []
-
-
-class TensorBoardTracker(NullTracker):
-    """Scalars as TensorBoard event files under `log_dir`, written by torch's SummaryWriter on a background
-    thread: a stalled volume (an NFS server that hangs) holds the writer, never the loop (rank 0 would hold
-    the other ranks in their next collective). close() waits for it at most `close_seconds`."""
-
-    def __init__(self, log_dir: Path, *, close_seconds: float = DEFAULT_CLOSE_SECONDS) -> None:
-        self.log_dir = log_dir
-        self.close_seconds = close_seconds
-        self.writer: Any = None
-        self.failed: str | None = None
-        self.dropped = 0
-        self._inbox: queue.Queue[tuple[int, Mapping[str, float]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._writing = 0  # values of the write in progress
-
-    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
-        # Imported here, not on the thread, for the reason _import_mlflow gives.
-        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
-
-        self._thread = threading.Thread(
-            target=self._serve, args=(SummaryWriter, step), name="orch-tensorboard", daemon=True
-        )
-        self._thread.start()
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._inbox.put((step, dict(metrics)))
-
-    def _serve(self, writer_class: Any, resumed_at: int) -> None:
-        # purge_step: a resumed run first drops the steps after its checkpoint that the previous attempt
-        # wrote (TensorBoard's reader honours it), so the curves do not fold back on themselves.
-        purge = resumed_at + 1 if resumed_at else None
-        self._guard(lambda: setattr(self, "writer", writer_class(str(self.log_dir), purge_step=purge)))
-        while (item := self._inbox.get()) is not None:
-            step, metrics = item
-
-            def write(step: int = step, metrics: Mapping[str, float] = metrics) -> None:
-                for name, value in metrics.items():
-                    self.writer.add_scalar(name, value, global_step=step)
-                self.writer.flush()  # an event file a reader sees whole at every log step
-
-            self._writing = len(metrics)
-            if not self._guard(write):
-                self.dropped += len(metrics)
-            self._writing = 0
-        if self.writer is not None:
-            self._guard(self.writer.close)
-
-    def links(self) -> dict[str, str]:
-        return {"tensorboard": str(self.log_dir)}
-
-    def close(self, *, failed: bool = False) -> list[str]:
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join(timeout=self.close_seconds)
-            if self._thread.is_alive():  # stalled: what is still queued is not written
-                waiting = self._writing
-                while not self._inbox.empty():
-                    item = self._inbox.get_nowait()
-                    waiting += len(item[1]) if item else 0
-                return [
-                    f"TensorBoard: {self.dropped + waiting} values not written to {self.log_dir} (timed out)"
-                ]
-        if self.failed:
-            return [f"TensorBoard: {self.dropped} values not written to {self.log_dir} ({self.failed})"]
-        return []
-
-    def _guard(self, action: Any) -> bool:
-        if self.failed:
-            return False
-        try:
-            action()
-            return True
-        except Exception as error:  # a full disk, a read-only volume: warn once and stop writing
-            self.failed = f"{type(error).__name__}: {error}"
-            warn(f"TensorBoard: cannot write to {self.log_dir} ({self.failed}); training goes on without it")
-            return False
 
 
 @dataclass
@@ -420,163 +286,6 @@ def _import_mlflow() -> None:
         import mlflow.tracking  # noqa: F401
 
 
-class Trackers(NullTracker):
-    """Fan-out to several trackers (MLflow and TensorBoard together)."""
-
-    def __init__(self, trackers: list[NullTracker]) -> None:
-        self.trackers = trackers
-
-    def start(self, *, saved: Mapping[str, Any] | None = None, step: int = 0) -> None:
-        for tracker in self.trackers:
-            tracker.start(saved=saved, step=step)
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log_params(params)
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        for tracker in self.trackers:
-            tracker.log_metrics(step, metrics)
-
-    def log_artifacts(self, paths: list[Path]) -> None:
-        for tracker in self.trackers:
-            tracker.log_artifacts(paths)
-
-    def state(self) -> dict[str, Any]:
-        return {k: v for tracker in self.trackers for k, v in tracker.state().items()}
-
-    def links(self) -> dict[str, str]:
-        return {k: v for tracker in self.trackers for k, v in tracker.links().items()}
-
-    def close(self, *, failed: bool = False) -> list[str]:
-        return [line for tracker in self.trackers for line in tracker.close(failed=failed)]
-
-
-def build(
-    settings: TrackingSettings, *, enabled: bool, job_name: str, output_dir: Path, **mlflow_options: Any
-) -> NullTracker:
-    """The trackers a job asked for, on the rank that logs (`enabled`); a NullTracker anywhere else."""
-    if not enabled or not settings.enabled:
-        return NullTracker()
-    if missing := missing_requirements(settings):
-        raise RuntimeError(f"tracking needs {' and '.join(missing)}, not installed here: {PIP_LINE}")
-    trackers: list[NullTracker] = []
-    if settings.mlflow:
-        tags = {
-            TAG_JOB: job_name,
-            TAG_NAMESPACE: settings.namespace,
-            TAG_API_KIND: settings.api_kind,
-            TAG_GIT_COMMIT: settings.git_commit,
-            TAG_PARENT_RUN: settings.mlflow_parent_run_id,
-        }
-        trackers.append(
-            MlflowTracker(
-                tracking_uri=settings.mlflow_tracking_uri,
-                experiment=settings.mlflow_experiment or job_name,
-                run_name=settings.mlflow_run_name or job_name,
-                tags={k: v for k, v in tags.items() if v},
-                **{
-                    "close_seconds": float(os.environ.get(CLOSE_SECONDS_ENV, DEFAULT_CLOSE_SECONDS)),
-                    **mlflow_options,
-                },
-            )
-        )
-    if settings.tensorboard_dir:
-        close_seconds = float(os.environ.get(CLOSE_SECONDS_ENV, DEFAULT_CLOSE_SECONDS))
-        trackers.append(
-            TensorBoardTracker(output_dir / settings.tensorboard_dir, close_seconds=close_seconds)
-        )
-    return trackers[0] if len(trackers) == 1 else Trackers(trackers)
-
-
-# --- what the loop hands over ---------------------------------------------------------------------------
-
-
-def job_params(train: Mapping[str, Any], world: Any, settings: TrackingSettings) -> dict[str, Any]:
-    """The run's params: the train section as the trainer got it, flattened, plus where it ran."""
-    gpus = world.local_world_size if world.device.type == "cuda" else 0
-    where = {
-        "nodes": world.world_size // world.local_world_size,
-        "gpus_per_node": gpus,
-        "procs_per_node": world.local_world_size,
-        "world_size": world.world_size,
-        "image": settings.image or "(none: orch run)",
-    }
-    return {**flatten(train), **where}
-
-
-def step_metrics(stats: Any) -> dict[str, float]:
-    """orch's numbers of a log step (a report.StepStats after Progress.log), as the reporter shows them."""
-    return {
-        "loss": stats.loss,
-        "lr": stats.lr,
-        "grad_norm": stats.grad_norm,
-        "samples_per_second": stats.samples_per_second or 0.0,
-    }
-
-
-def hook_scalars(values: Any, hook: str) -> dict[str, Any]:
-    """What a task's on_log / on_eval returned, checked where it enters: None (nothing), or a dict of
-    non-empty string names to numbers or strings (strings show on the log line and in the events; everything
-    downstream may rely on that). Anything else is a TypeError naming the hook and the entry."""
-    if values is None:
-        return {}
-    if not isinstance(values, Mapping):
-        raise TypeError(
-            f"Task.{hook} must return a dict of name -> number or string (or None), not {_cut(values)}"
-        )
-    for name, value in values.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"Task.{hook} returned the name {_cut(name)}: names are non-empty strings")
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise TypeError(f"Task.{hook} returned {name!r}: {_cut(value)}, not a number or a string")
-    return dict(values)
-
-
-def _cut(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:75]}...{text[-2:]}"
-
-
-def numeric(values: Mapping[str, Any]) -> dict[str, float]:
-    """The entries that are numbers (bools excluded): what MLflow, TensorBoard and Prometheus can take."""
-    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def prefixed(prefix: str, values: Mapping[str, Any]) -> dict[str, float]:
-    """Metric names as the trackers show them: train/loss, eval/accuracy."""
-    return {f"{prefix}/{k}": v for k, v in numeric(values).items()}
-
-
-def finish(tracker: NullTracker, output_dir: Path, *, failed: bool) -> None:
-    """Close the run; say what could not be recorded; leave the links in tracking.json for `orch run`."""
-    for line in tracker.close(failed=failed):
-        print(f"tracking: {redact(line)}", file=sys.stderr, flush=True)
-    if links := tracker.links():
-        try:
-            outputs.write_json(output_dir / outputs.LINKS, dict(links))
-        except OSError as error:
-            warn(f"cannot write {output_dir / outputs.LINKS}: {error}")
-
-
-# --- helpers ----------------------------------------------------------------------------------------------
-
-
-def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted keys: {"optimizer": {"lr": 0.1}} -> {"optimizer.lr": 0.1}.
-    Lists stay one value (JSON); an empty mapping is kept as "{}" so every setting shows."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (Mapping, list, tuple)):
-            flat[name] = json.dumps(value)
-        else:
-            flat[name] = value
-    return flat
-
-
 def run_url(tracking_uri: str, experiment_id: str | None, run_id: str) -> str:
     """The run's page in the MLflow UI, or `run ID at URI` when the store is not a web server; without
     credentials (the link is stored in tracking.json and printed by `orch run`)."""
@@ -617,7 +326,3 @@ def transient(error: BaseException) -> bool:
         return bool(code >= 500 or code == 429)
     # MLflow's own words for an answer it could not parse (no JSON body): "... failed with error code 503"
     return bool(re.search(r"failed with error code (5\d\d|429)\b", str(error)))
-
-
-def warn(message: str) -> None:
-    print(f"warning: {redact(message)}", file=sys.stderr, flush=True)
