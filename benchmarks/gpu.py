@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _peak_flops(device_name: str | None) -> float | None:
     from orchestrator.runtime_env import RuntimeEnv
-    from orchestrator.trainer.metrics import peak_flops  # stdlib-only at import
+    from orchestrator.trainer.mfu import peak_flops  # stdlib-only at import
 
     return peak_flops(peak_tflops=RuntimeEnv.from_environ().peak_tflops, device_name=device_name)
 

@@ -182,7 +182,7 @@ class Check:
     def speed(self, run: TrainRun) -> dict[str, Any]:
         """tokens/s, MFU and peak memory of a run, from the workload clock (CUDA events on a GPU)."""
         from orchestrator.runtime_env import RuntimeEnv
-        from orchestrator.trainer.metrics import peak_flops
+        from orchestrator.trainer.mfu import peak_flops
 
         report = run.clock
         if not report:

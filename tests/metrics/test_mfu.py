@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.runtime_env import RuntimeEnv
-from orchestrator.trainer.metrics import mfu, peak_flops, peak_tflops_for
+from orchestrator.trainer.mfu import mfu, peak_flops, peak_tflops_for
 
 
 @pytest.mark.parametrize(
