@@ -9,6 +9,10 @@ Two sources, the same rows:
 Ranks are joined to their GPU through `orch_rank_info{gpu_uuid}`. `Metrics` is `orch top`'s loop (one
 source, a `Snapshot` at a time); `orch top` prints them (orchestrator/commands/top_cmd.py, tables.py). Stdlib
 only (urllib), plus prometheus-client's text parser for exporters.
+
+Over 600 lines, kept whole: the two sources, the rows, the summary and the straggler share the series' names
+and the reading of a rank's labels (`SPREAD`, `_ranked`, `_Series`); split, those would cross modules for what
+is one command's reading.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ heartbeat says where a rank stopped.
 A SIGTERM or first Ctrl-C ends the loop early with a checkpoint; `main` then returns 128+signal (stop.py).
 The config is the `train:` section of job.yaml as JSON; the launcher's runtime facts come from the ORCH_*
 environment (orchestrator/runtime_env.py, read once here) and the process's place from torchrun's (dist.py).
+
+Over 600 lines, kept whole: this is the loop and what ties its parts together, read in one pass as nanoGPT's
+train.py is; each part with state or rules of its own is a module beside it (docs/trainer.md's table).
 """
 
 from __future__ import annotations
