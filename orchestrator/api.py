@@ -15,12 +15,15 @@ a job name or namespace that breaks Kubernetes' name rules (naming.py) is a `Usa
 parameter; neither sends anything. Nothing here prints; what a command shows while it works (the API chosen, a
 build's commands, warnings) comes through the `notice` and `warn` callbacks, silent by default.
 Only the stdlib is imported up front; the cluster client, Jinja2 and pydantic when first used.
+
+Over 600 lines, kept whole: it is the whole Python API, each public call with its documentation and the checks
+of its arguments, at the import path docs/python-api.md documents; the work of each call is a few lines into
+the modules below it (the job's image: imaging/job_image.py; the goodput journal's reading: status.py).
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -414,6 +417,7 @@ class Client:
         them without storing anything. `notice` hears progress (the API chosen, a build), `warn` what the
         cluster lacks (a PodMonitor CRD); what the job itself risks is in the result's `warnings`."""
         from orchestrator import apis, cluster
+        from orchestrator.imaging import job_image
         from orchestrator.rendering import render as rendering
 
         _expect_job("Client.submit", job)
@@ -439,7 +443,9 @@ class Client:
         if build is not None:
             if dry_run != "client":  # a refusal (API not served, the name taken) costs no multi-GB build
                 cluster.preflight(target_cluster, apis.by_key(chosen), job.name, replace=replace)
-            image = _build_image(job, build, dry_run=dry_run == "client", notice=notice)
+            image = job_image.for_submit(job, context=build.context, job_file=build.job_file,
+                                         build_args=build.build_args, tool=build.tool,
+                                         dry_run=dry_run == "client", notice=notice)  # fmt: skip
             job = job.model_copy(update={"image": image})
         objects = rendering.render(job, api=chosen)
         warnings = rendering.warnings(job, chosen)
@@ -647,7 +653,7 @@ def build_image(
     `job_file`) has a workspace, its files go on top (orchestrator/imaging/workspace.py) under `workspace-<content>-
     <base>`, and that reference is returned. `dry_run`: nothing is built; each command goes to `commands`
     (default: `notice`), one argv as a shell line."""
-    from orchestrator.imaging import builder, workspace
+    from orchestrator.imaging import job_image
 
     _expect("build_image", "folder", folder, (str, os.PathLike), "a path")
     if job is not None:
@@ -662,82 +668,16 @@ def build_image(
         if value is not None:
             _expect("build_image", param, value, (str,), "a str")
     _expect_strings("build_image", "build_args", build_args)
-    repository = image or (
-        builder.repository(job.image) if job is not None and job.image else builder.DEFAULT_REPO
-    )
-    if base is None:
-        base = _build_trainer(folder, repository, tag=tag, dockerfile=dockerfile, build_args=build_args, tool=tool,
-                              push=push, dry_run=dry_run, notice=notice, commands=commands or notice)  # fmt: skip
-    found = workspace.resolve(job, job_file) if job is not None and job_file is not None else None
-    if found is None:
-        return base
-    return _build_layer(found, base, repository, tool=tool, push=push, dry_run=dry_run, notice=notice)
-
-
-def _build_trainer(
-    folder: str | Path,
-    repository: str,
-    *,
-    tag: str | None,
-    dockerfile: str | None,
-    build_args: Sequence[str],
-    tool: str | None,
-    push: bool,
-    dry_run: bool,
-    notice: Callback,
-    commands: Callback,
-) -> str:
-    from orchestrator.imaging import builder
-
-    def build_from(context: str) -> str:
-        request = builder.BuildRequest(str(context), repository, tag, dockerfile,
-                                      builder.parse_build_args(build_args), push)  # fmt: skip
-        if dry_run:
-            ref, planned = builder.plan(request, tool)
-            for argv in planned:
-                commands(shlex.join(argv))
-            return ref
-        ref = builder.build_and_push(request, tool=tool)
-        notice(f"built{' and pushed' if push else ''} {ref}")
-        return ref
-
-    if dockerfile is not None or os.path.isfile(os.path.join(folder, "Dockerfile")):
-        return build_from(str(folder))
-    with builder.own_context() as context:
-        notice(f"{folder} has no Dockerfile: building orch's trainer image (from {context})")
-        return build_from(context)
-
-
-def _build_layer(
-    folder: Path, base: str, repository: str, *, tool: str | None, push: bool, dry_run: bool, notice: Callback
-) -> str:
-    from orchestrator.imaging import workspace
-
-    if dry_run:
-        selection, ref = workspace.plan_layer(folder, base, repository)
-        for line in selection.notes():
-            notice(line)
-        notice(f"workspace {folder}: {len(selection.files)} files -> {ref} (FROM {base})")
-        return ref
-    layer = workspace.build_layer(folder, base, repository, tool=tool, push=push)
-    for line in layer.notes:
-        notice(line)
-    state = "built" if layer.built else "unchanged, not rebuilt"
-    notice(
-        f"workspace {folder}: {len(layer.files)} files -> {layer.ref} ({state}{'; pushed' if push else ''})"
-    )
-    return layer.ref
+    return job_image.build(folder, job=job, job_file=job_file, image=image, tag=tag, dockerfile=dockerfile,
+                           build_args=build_args, base=base, tool=tool, push=push, dry_run=dry_run,
+                           notice=notice, commands=commands)  # fmt: skip
 
 
 def _journal(state: JobStatus) -> dict[str, Any]:
-    """What the job's goodput journal and hang verdict in output.url say (JobStatus's goodput, goodput_note,
-    hang, milestones): read with this shell's credentials for the store (AWS_*, as `orch run` reads them),
-    within ~15 s; the accounting starts at the job's creation, its queue's admission from the Workload. A
-    journal that cannot be read is a note, never a failed `orch status`."""
-    import json
-
-    from orchestrator import goodput, outputs, storage
-    from orchestrator.kube import read
+    """What the job's goodput journal and hang verdict in output.url say (status.journal_fields): read with
+    this shell's credentials for the store (AWS_*, as `orch run` reads them), within ~15 s. A journal that
+    cannot be read is a note, never a failed `orch status`."""
+    from orchestrator import outputs, status, storage
 
     if not state.output_url:
         return {
@@ -747,58 +687,7 @@ def _journal(state: JobStatus) -> dict[str, Any]:
         files = storage.small_files(state.output_url, (outputs.HANG,), under=outputs.GOODPUT)
     except storage.StorageError as error:
         return {"goodput_note": f"goodput unknown: {error}"}
-    journal = {name.removeprefix(f"{outputs.GOODPUT}/"): text for name, text in files.items()}
-    _, attempts = goodput.read_records(journal)
-
-    def unix(stamp: str | None) -> float | None:
-        parsed = read.parse_time(stamp)
-        return parsed.timestamp() if parsed is not None else None
-
-    result = goodput.account(attempts, job_started=unix(state.milestones.get("created")),
-                             admitted=unix(state.milestones.get("admitted")))  # fmt: skip
-    hang = None
-    if outputs.HANG in files:
-        try:
-            hang = json.loads(files[outputs.HANG])
-        except ValueError:
-            hang = None
-    milestones = dict(state.milestones)
-    firsts = [a.kept[0]["at"] for a in attempts if a.kept]
-    if firsts:
-        milestones["first_step"] = _stamp(min(firsts))
-    return {
-        "goodput": result.to_dict() if result is not None else None,
-        "goodput_note": ""
-        if result is not None
-        else f"no attempt has written to {state.output_url}/goodput/ yet",
-        "hang": hang if isinstance(hang, dict) and isinstance(hang.get("line"), str) else None,
-        "milestones": milestones,
-    }
-
-
-def _stamp(unix: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _build_image(job: JobSpec, build: Build, *, dry_run: bool, notice: Callback) -> str:
-    """`submit(build=...)`: the image the job runs, built and pushed; its reference.
-
-    The trainer image is built and pushed from `build.context` when it has a Dockerfile (an orch checkout).
-    Without one, the job's `image` is the trainer image as it is when the job has a workspace (only the layer
-    is built over it), and orch's own trainer image is built when it has none (build_image). On a client dry
-    run nothing is built: the commands go to `notice` and the reference they would push is returned, so the
-    objects show the image the job would run."""
-    from orchestrator.imaging import workspace
-
-    folder = workspace.resolve(job, build.job_file)
-    has_dockerfile = os.path.isfile(os.path.join(build.context, "Dockerfile"))
-    return build_image(
-        build.context, job=job, job_file=build.job_file, build_args=build.build_args, tool=build.tool,
-        base=job.image if folder is not None and not has_dockerfile else None, push=True, dry_run=dry_run,
-        notice=notice,
-    )  # fmt: skip
+    return status.journal_fields(state, files)
 
 
 # --- what the calls take: checked before anything is read or sent ---------------------------------------------

@@ -249,6 +249,47 @@ def milestones(job: Any, pods: Sequence[Any], workloads: Sequence[Any] = ()) -> 
     return {key: value for key, value in found.items() if read.parse_time(value) is not None}
 
 
+def journal_fields(state: JobStatus, files: dict[str, str]) -> dict[str, Any]:
+    """The job's goodput, hang verdict and first step (JobStatus's goodput, goodput_note, hang, milestones)
+    from the files of its journal in output.url (`files`: hang.json and goodput/*, by their path there); the
+    accounting starts at the job's creation, its queue's admission from the Workload."""
+    import json
+
+    from orchestrator import goodput, outputs
+
+    journal = {name.removeprefix(f"{outputs.GOODPUT}/"): text for name, text in files.items()}
+    _, attempts = goodput.read_records(journal)
+
+    def unix(stamp: str | None) -> float | None:
+        parsed = read.parse_time(stamp)
+        return parsed.timestamp() if parsed is not None else None
+
+    result = goodput.account(attempts, job_started=unix(state.milestones.get("created")),
+                             admitted=unix(state.milestones.get("admitted")))  # fmt: skip
+    hang = None
+    if outputs.HANG in files:
+        try:
+            hang = json.loads(files[outputs.HANG])
+        except ValueError:
+            hang = None
+    reached = dict(state.milestones)
+    firsts = [a.kept[0]["at"] for a in attempts if a.kept]
+    if firsts:
+        reached["first_step"] = _stamp(min(firsts))
+    return {
+        "goodput": result.to_dict() if result is not None else None,
+        "goodput_note": ""
+        if result is not None
+        else f"no attempt has written to {state.output_url}/goodput/ yet",
+        "hang": hang if isinstance(hang, dict) and isinstance(hang.get("line"), str) else None,
+        "milestones": reached,
+    }
+
+
+def _stamp(unix: float) -> str:
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 # --- why a job waits: its queue (Kueue) or gang scheduler (Volcano) ----------------------------------------
 
 KUEUE_CONDITIONS = (
