@@ -11,6 +11,7 @@ same keys, same nesting, same values, nothing extra. The CLI's YAML and JSON ser
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import yaml
@@ -254,6 +255,14 @@ def test_template_filter_emits_a_yaml_scalar_that_reads_back_unchanged(value):
         "key": value,
         "next": 1,
     }
+
+
+def test_the_filter_escapes_exactly_what_a_yaml_reader_refuses_or_folds():
+    """Every code point: escaped when PyYAML's reader refuses it (its NON_PRINTABLE), or when its emitter would
+    escape it in a quoted scalar (the YAML 1.1 line breaks, which a reader folds, and the byte order mark)."""
+    everything = "".join(map(chr, range(sys.maxunicode + 1)))
+    refused = set(yaml.reader.Reader.NON_PRINTABLE.findall(everything))
+    assert set(templates._YAML_UNSAFE.findall(everything)) == refused | set("\x85\u2028\u2029\ufeff")
 
 
 def test_a_hostile_annotation_stays_one_value():
