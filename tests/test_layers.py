@@ -130,6 +130,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.rendering.pod_shape",
             "orchestrator.rendering.parts",
             "orchestrator.rendering.templates",
+            "orchestrator.rendering.precompiled",  # Jinja2's code of manifests/ (generated; imports jinja2 only)
             "orchestrator.imaging.ignorefile",
             TRAINER_CONFIG,
         ),
@@ -249,7 +250,8 @@ def test_no_module_outside_apis_reads_an_apis_own_fields():
     offenders = {
         name
         for name, path in MODULES.items()
-        if not name.startswith("orchestrator.apis")
+        # the templates' generated code writes them as the templates do, for the API module that renders them
+        if not name.startswith(("orchestrator.apis", "orchestrator.rendering.precompiled"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Constant) and node.value in fields
     }

@@ -118,7 +118,8 @@ def test_render_from_the_installed_wheel(wheel, tmp_path):
         [
             sys.executable,
             "-c",
-            "import orchestrator.manifests as m, orchestrator.rendering.render as r; print(m.__file__, r.__file__)",
+            "import orchestrator.manifests as m, orchestrator.rendering.render as r, orchestrator.rendering.templates as t;"
+            "print(m.__file__, r.__file__, t._environment().get_template('pod.yaml.j2').filename)",
         ],
         capture_output=True,
         text=True,
@@ -126,7 +127,8 @@ def test_render_from_the_installed_wheel(wheel, tmp_path):
         cwd=tmp_path,
         check=True,
     ).stdout
-    assert str(REPO) not in where and where.count(str(target)) == 2  # the wheel's copy, not the checkout
+    # the wheel's copy, not the checkout; its templates precompiled (rendering/precompiled/), not compiled again
+    assert str(REPO) not in where and where.count(str(target)) == 3, where
     job = tmp_path / "job.yaml"
     shutil.copy(EXAMPLE, job)
     installed = subprocess.run(
