@@ -22,6 +22,7 @@ the files and calls builder.py's one build function.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -137,11 +138,11 @@ def image_problem(spec: JobSpec, job_file: str | Path) -> str | None:
     (tag()), and <content> is content_digest() of the files; any other reference (the plain trainer image, a
     layer of older files, a bare digest) would leave every pod without the code. An image that installs the
     code itself: `workspace: false` says so."""
-    from orchestrator.imaging import builder
-
     folder = resolve(spec, job_file)
     if folder is None or not folder.is_dir() or not spec.image:
         return None
+    from orchestrator.imaging import builder  # here: a job without a workspace (most) needs none of it
+
     named = [f"{r.field} {r.name!r}" for r in references(spec) if not in_image_package(r)]
     what = f"{' and '.join(named) or 'the job'}: the workspace {_show(str(folder))}"
     image, repository = spec.image, builder.repository(spec.image)
@@ -190,7 +191,11 @@ _SECRET_CONTENT = re.compile(
 SNIFFED_BYTES = 64 * 1024  # how much of each file is read for _SECRET_CONTENT
 MAX_FILE_BYTES = 100 * 2**20  # a layer is for code: data and weights belong in the object store or a volume
 MAX_TOTAL_BYTES = 1024 * 2**20
-_SECRET_MATCHER = ignorefile.Matcher([f"**/{p}" for p in SECRETS])
+
+
+@functools.cache  # built when a workspace is walked, not when `orch render` imports this to warn
+def _secret_matcher() -> ignorefile.Matcher:
+    return ignorefile.Matcher([f"**/{p}" for p in SECRETS])
 
 
 @dataclass(frozen=True)
@@ -320,7 +325,7 @@ def _is_secret(relative: str, full: str, matcher: ignorefile.Matcher, *, link: b
     parts = relative.split("/")
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
     by_name = next(
-        (i for i, p in enumerate(prefixes) if any(s.match(p) for s in _SECRET_MATCHER.patterns)), None
+        (i for i, p in enumerate(prefixes) if any(s.match(p) for s in _secret_matcher().patterns)), None
     )
     if by_name is None:
         if link:

@@ -49,6 +49,24 @@ def test_render_does_not_import_logging():
     assert "logging" not in imported_modules("render", str(EXAMPLE))
 
 
+def test_render_does_not_import_the_status_model_or_the_image_builder():
+    """benchmarks/cli.py times `orch render`: the API modules import the job status model where they read a
+    job (~4 ms), the missing-code warning imports the builder only for a job with a workspace (~3 ms)."""
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('loaded:', *sorted(m for m in sys.modules if m.startswith('orch'))))\n"
+        "sys.argv = ['orch', 'render', sys.argv[1]]\n"
+        "from orchestrator.cli import main\n"
+        "main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(EXAMPLE)], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(result.stdout.rsplit("loaded:", 1)[1].split())
+    assert {"orchestrator.apis.pytorchjob", "orchestrator.imaging.workspace"} <= loaded  # it sees them
+    assert not loaded & {"orchestrator.status", "orchestrator.imaging.builder"}
+
+
 def test_the_cli_freezes_its_objects_before_python_finalizes():
     """orch's entry point leaves Python's last collection nothing to scan (~30 ms of `orch render`, whose
     pydantic validators and compiled templates are cycles of many objects). An exit handler registered
