@@ -76,9 +76,9 @@ def format_status(status: JobStatus) -> str:
         rows = [["TIME", "OBJECT", "REASON", "MESSAGE"]]
         rows += [[e["time"], e["object"], e["reason"], e["message"]] for e in status.events[-10:]]
         lines += ["  " + line for line in table(rows).splitlines()]
-    if status.straggler:
-        lines.append(straggler_line(status.straggler, status.name))
     lines += goodput_lines(status)
+    if status.straggler:  # last: the one thing to act on while the job runs
+        lines.append(straggler_line(status.straggler, status.name))
     return "\n".join(shown(line) for line in lines)
 
 

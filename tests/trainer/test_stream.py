@@ -147,7 +147,7 @@ def test_a_killed_streaming_run_resumes_and_sees_every_sample_of_the_epoch_once(
     write_shards(shards, SHARDS + 1, PER_SHARD)
     spec["restart"] = {"policy": "never"}  # (the refusal is permanent: a restart would refuse again)
     again = orch_run(write_job(tmp_path, spec), tmp_path / "out", "--procs", "1", "--steps", "8", timeout=300)
-    assert again.returncode == 1
+    assert again.returncode == 2  # the rank's own code: a refusal (exit_codes.REFUSED)
     line = again.stderr.splitlines()[0]
     assert line.startswith(
         "error: rank 0 failed (exit code 2): DataChanged: the checkpoint at step 6 was written for other training "
