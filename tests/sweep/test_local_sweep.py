@@ -2,8 +2,8 @@
 
 Every trial launches torch twice (the launcher and its rank, ~10 CPU-s a trial on this machine), so the file
 runs two sweeps, each once, shared by its tests through module-scoped fixtures: six trials, 2 at once, cut by
-a SIGTERM mid-sweep and run again to the end (~8 trial launches); and a grid of 3, one at a time, whose last
-trial (lr 10) the median pruner stops (~3 launches). About 110 CPU-s in all.
+a SIGTERM mid-sweep and run again to the end (8 trial launches); and a grid of 3, one at a time, whose last
+trial (lr 10) the median pruner stops (3 launches). About 110 CPU-s in all.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import pytest
 
 from tests.fakes.cli import run_orch
 from tests.sweep.conftest import DIGITS_JOB, write_sweep
+from tests.sweep.plugin_tasks import HELD
 
 ORCH = [sys.executable, "-m", "orchestrator"]
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH_HEADER = (
     "--- orch run:"  # the first line of every start in a rank's log (orchestrator/local/worker.py)
 )
@@ -46,10 +48,13 @@ class Resumed:
     first: subprocess.CompletedProcess[str]
     complete_before: set[int]
     """Trials that had completed when the SIGTERM came."""
-    mid_way: set[int]
-    """Trials past a checkpoint, not finished, when the SIGTERM came."""
     second: subprocess.CompletedProcess[str]
     status: dict
+
+
+HELD_TRIALS = {2, 3}
+"""The trials the SIGTERM finds past their step-10 checkpoint, held at step 15 (tests/sweep/plugin_tasks.py):
+the two that start once trials 0 and 1 have completed."""
 
 
 def wait_for(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
@@ -62,31 +67,36 @@ def wait_for(condition, timeout: float, what: str):  # type: ignore[no-untyped-d
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def mid_training(folder: Path) -> set[int]:
-    """Trials past their step-10 checkpoint and not finished (10 steps to go)."""
-    return {
-        int(run.name.removeprefix("trial-"))
-        for run in folder.glob("trial-*")
-        if any((run / "checkpoints").glob("step-*")) and not (run / "summary.json").exists()
-    }
-
-
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory) -> Resumed:
-    """Six trials, 2 at once; SIGTERM once one has completed and another is past its first checkpoint; then
+    """Six trials, 2 at once; SIGTERM once trials 0 and 1 have completed and trials 2 and 3 are held mid-way
+    (past their step-10 checkpoint, at step 15 of 20, until they are signalled: so on any machine load); then
     `orch sweep` again."""
     root = tmp_path_factory.mktemp("six")
-    sweep_file = write_sweep(root, SIX)
+    held = {"task": "tests.sweep.plugin_tasks:digits_held_until_signalled",
+            "task_args": {"trials": sorted(HELD_TRIALS), "step": 15}}  # fmt: skip
+    job = {**DIGITS_JOB, "train": {**DIGITS_JOB["train"], **held}}
+    sweep_file = write_sweep(root, SIX, job=job)
     folder = root / "runs" / "sweep"
+    # the trials' processes import the task from tests/
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     log = root / "first.log"
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [*ORCH, "sweep", str(sweep_file)], cwd=root, stdout=output, stderr=subprocess.STDOUT,
+            [*ORCH, "sweep", str(sweep_file)], cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT,
             start_new_session=True, text=True,
         )  # fmt: skip
     try:
-        mid_way = wait_for(
-            lambda: "complete" in log.read_text() and mid_training(folder), 400, "a trial past a checkpoint"
+        wait_for(
+            lambda: (
+                all((folder / f"trial-{n}" / HELD).exists() for n in HELD_TRIALS)
+                or process.poll() is not None
+            ),
+            600,
+            "trials 2 and 3 held mid-way",
         )
         os.kill(process.pid, signal.SIGTERM)
         process.wait(timeout=180)
@@ -97,38 +107,39 @@ def resumed(tmp_path_factory) -> Resumed:
     first = subprocess.CompletedProcess(process.args, process.returncode, text, "")
     complete_before = {int(line.split()[1]) for line in text.splitlines() if " complete: " in line}
     second = subprocess.run(
-        [*ORCH, "sweep", str(sweep_file)], cwd=root, capture_output=True, text=True, timeout=600
+        [*ORCH, "sweep", str(sweep_file)], cwd=root, env=env, capture_output=True, text=True, timeout=600
     )
     status = run_orch("sweep", "status", str(sweep_file), "-o", "json", cwd=root)
     assert status.returncode == 0, status.stderr
-    return Resumed(sweep_file, folder, first, complete_before, mid_way, second, json.loads(status.stdout))
+    return Resumed(sweep_file, folder, first, complete_before, second, json.loads(status.stdout))
 
 
 def test_sigterm_mid_sweep_then_a_rerun_finishes_with_exactly_max_trials(resumed):
     assert resumed.first.returncode == 128 + signal.SIGTERM, resumed.first.stdout
-    assert re.search(
-        r"error: interrupted by SIGTERM: stopped [12] running trials? \(with their checkpoints\)",
-        resumed.first.stdout,
+    assert (
+        "error: interrupted by SIGTERM: stopped 2 running trials (with their checkpoints)"
+        in resumed.first.stdout
     )
-    assert not resumed.complete_before & resumed.mid_way
+    assert resumed.complete_before == {0, 1}, resumed.first.stdout
     assert resumed.second.returncode == 0, resumed.second.stdout + resumed.second.stderr
     counted = [trial for trial in resumed.status["trials"] if not trial["rerun"]]
     assert len(counted) == 6 and {t["state"] for t in counted} == {"complete"}
+    assert len(resumed.status["trials"]) == 6  # none asked again
     # a trial complete before the SIGTERM never ran again: its rank started once
-    assert resumed.complete_before
     for number in resumed.complete_before:
         log = (resumed.folder / f"trial-{number}" / "logs" / "rank-0.log").read_text()
         assert log.count(LAUNCH_HEADER) == 1, number
         assert f"trial {number} " not in resumed.second.stdout
-    # those stopped past a checkpoint were resumed from it by the rerun, under their own numbers (the other
-    # one stopped is resumed too, or, stopped before its first checkpoint, asked again)
+    # those stopped past a checkpoint were resumed from it by the rerun, under their own numbers
     lines = resumed.second.stdout.splitlines()
     resumed_trials = {int(line.split()[1]) for line in lines if "resumed from its checkpoint" in line}
-    assert resumed.mid_way <= resumed_trials, resumed.second.stdout
+    assert resumed_trials == HELD_TRIALS, resumed.second.stdout
     for number in resumed_trials:
         console = (resumed.folder / f"trial-{number}" / "console.log").read_text()
-        assert "stopped by SIGTERM at step" in console and "resumed from" in console
+        assert "stopped by SIGTERM at step 16/20" in console and "resumed from" in console
         assert f"trial {number} complete: " in resumed.second.stdout
+        log = (resumed.folder / f"trial-{number}" / "logs" / "rank-0.log").read_text()
+        assert log.count(LAUNCH_HEADER) == 2, number
 
 
 def test_the_best_row_is_the_best_value_and_every_run_dir_holds_its_result(resumed):
