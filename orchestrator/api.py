@@ -293,10 +293,17 @@ def sweep(
     from orchestrator.sweep import cluster_trials
 
     every = poll_seconds or cluster_trials.POLL_SECONDS
+    target = client.cluster(checked.job.namespace)  # where `submit` creates the trials' jobs
+    if client.namespace != target.namespace:  # and where the sweep lists, reads and deletes them
+        client = Client(kubeconfig=client.kubeconfig, context=client.context, namespace=target.namespace,
+                        request_timeout=client.request_timeout)  # fmt: skip
+    from orchestrator.redaction import redact_url
+
+    place = {"server": redact_url(target.transport.host).rstrip("/"), "namespace": target.namespace,
+             "shown": target.server}  # fmt: skip
     jobs = cluster_trials.ClusterTrials(
-        checked, client, poll_seconds=every, avoid_nodes=avoid_nodes, notice=notice
+        checked, client, place=place, poll_seconds=every, avoid_nodes=avoid_nodes, notice=notice
     )
-    jobs.check_store()  # before any trial: the sweep reads each trial's objective there
     return controller.run(checked, jobs, notice=notice, poll_seconds=min(every, controller.POLL_SECONDS))
 
 

@@ -18,7 +18,9 @@ the other trials stay, as `orch submit`'s do (`orch logs`, `orch status` read th
 After a restart, a trial the study holds as running is found again by its labels: a job that still runs is
 re-attached, one that ended is recorded as it ended, and one that is gone is recorded as its store says (it
 ended before someone deleted it) or failed as interrupted and its values asked again. Ctrl-C and SIGTERM
-leave the jobs running (they need no sweep), for `orch sweep --cluster` to re-attach.
+leave the jobs running (they need no sweep), for `orch sweep --cluster` to re-attach. They are found in the
+namespace they were created in (`-n`, else the job file's, else the context's), which the study keeps with
+the cluster's API server: a sweep continued elsewhere would find none of them, so it is refused.
 """
 
 from __future__ import annotations
@@ -71,15 +73,18 @@ class ClusterTrials:
         sweep: Sweep,
         client: JobClient,
         *,
+        place: dict[str, str],
         poll_seconds: float = POLL_SECONDS,
         avoid_nodes: AvoidNodes | None = None,
         notice: Callable[[str], None] = lambda message: None,
     ) -> None:
-        """`avoid_nodes` (api.avoid_nodes): how a trial's job is kept off the nodes earlier trials' failures
-        pointed at; None: they are not avoided."""
+        """`client` in the namespace the trials' jobs are created in; `place`: that namespace and the
+        cluster's API server, as the study keeps them (sweep/study.py's CLUSTER). `avoid_nodes` (api.avoid_nodes): how a trial's job is kept off the nodes earlier trials'
+        failures pointed at; None: they are not avoided."""
         output = sweep.job.output
         assert output is not None and output.url, "load_sweep(where='cluster') requires output.url"
         self.sweep, self.client, self.poll_seconds, self.notice = sweep, client, poll_seconds, notice
+        self.place = place
         self.avoid_nodes = avoid_nodes
         self.base_url = output.url.rstrip("/")
         self.selector = f"{naming.LABEL_SWEEP}={sweep.name}"
@@ -87,7 +92,7 @@ class ClusterTrials:
         self._listed = -math.inf
         self._warned: set[str] = set()
 
-    def check_store(self) -> None:
+    def prepare(self) -> None:
         """Before any trial: the store takes writes from this shell (its credentials and AWS_ENDPOINT_URL, as
         for `orch run --out s3://`), where the sweep reads the objectives and writes prune requests; else one
         line, UsageError (exit 2)."""

@@ -11,7 +11,8 @@ lock, so two processes never run one trial and never more than `parallel` run at
 A SIGTERM or the first Ctrl-C stops the trials the way `orch run` stops (every rank checkpoints), leaves them
 RUNNING in the study for the next `orch sweep` to resume, and ends with 128+signal; a second one kills them.
 Cluster trials are jobs that do not need the sweep: they go on running, for the next `orch sweep --cluster` to
-re-attach. The study keeps where its trials run (`orch.where`), and is continued only there.
+re-attach. The study keeps where its trials run (`orch.where`; a cluster sweep's cluster and namespace too),
+and is continued only there.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def run(
     """Run the sweep to its end (max_trials counted, or max_failed reached: SweepFailed); SweepInterrupted on
     SIGTERM/Ctrl-C (handlers installed when called from the main thread)."""
     study = studies.open_study(sweep)
-    _claim_where(sweep, study, runner.where)
+    _claim_place(sweep, study, runner)
+    runner.prepare()
     tracking = SweepTracking(sweep, study, notice)
     tracking.start()
     with owners.Owner(sweep.folder) as owner, _stop_signals() as stop:
@@ -89,23 +91,38 @@ def run(
     return SweepResult(sweep.name, sweep.folder, studies.rows(study, maximize=sweep.maximize))
 
 
-def _claim_where(sweep: Sweep, study: optuna.Study, where: str) -> None:
-    """A study's trials all run in one place: here, or on the cluster (a study that ran trials before orch
-    kept where ran them here). UsageError when this run would continue it elsewhere."""
+def _claim_place(sweep: Sweep, study: optuna.Study, runner: TrialRunner) -> None:
+    """A study's trials all run in one place: here, or in one namespace of one cluster (a study that ran
+    trials before orch kept where ran them here; a cluster sweep's from before orch kept its namespace is
+    continued in the first one it is continued in). UsageError when this run would continue elsewhere a study
+    that ran trials: each place would count the other's running trials as lost and ask them again."""
     ran = any(studies.RUN in trial.user_attrs for trial in study.get_trials(deepcopy=False))
-    kept = study.user_attrs.get(studies.WHERE) or ("local" if ran else None)
-    if kept is None or kept == where:
-        if studies.WHERE not in study.user_attrs:
-            study.set_user_attr(studies.WHERE, where)
-        return
-    if kept == "cluster":
+    kept = study.user_attrs.get(studies.WHERE, "local") if ran else runner.where
+    if kept != runner.where:
+        if kept == "cluster":
+            raise UsageError(
+                f"sweep {sweep.name} runs its trials on the cluster: continue it with `orch sweep {sweep.file} "
+                "--cluster`"
+            )
         raise UsageError(
-            f"sweep {sweep.name} runs its trials on the cluster: continue it with `orch sweep {sweep.file} --cluster`"
+            f"sweep {sweep.name} ran its trials here: continue it with `orch sweep {sweep.file}` (or give the "
+            f"cluster sweep a study of its own: another `name:` in {sweep.file})"
         )
-    raise UsageError(
-        f"sweep {sweep.name} ran its trials here: continue it with `orch sweep {sweep.file}` (or give the cluster "
-        f"sweep a study of its own: another `name:` in {sweep.file})"
-    )
+    there = study.user_attrs.get(studies.CLUSTER) if ran else None
+    if there and (there.get("server"), there.get("namespace")) != (
+        runner.place.get("server"),
+        runner.place.get("namespace"),
+    ):
+        raise UsageError(
+            f"sweep {sweep.name} runs its trials in namespace {there.get('namespace')} at {there.get('shown')}, "
+            f"not in namespace {runner.place.get('namespace')} at {runner.place.get('shown')}: continue it "
+            f"there (--context, --namespace), or give this sweep a study of its own: another `name:` in "
+            f"{sweep.file}"
+        )
+    if study.user_attrs.get(studies.WHERE) != runner.where:
+        study.set_user_attr(studies.WHERE, runner.where)
+    if runner.place and not there:
+        study.set_user_attr(studies.CLUSTER, runner.place)
 
 
 class _Stop:

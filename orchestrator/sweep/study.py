@@ -36,8 +36,11 @@ ERROR = "orch.error"  # its error line
 # longer counts
 RERUN = "orch.rerun"
 NODES = "orch.suspected_nodes"  # the nodes a trial's failure points at: every later trial is kept off them
-# The study's own: where its trials run, "local" or "cluster" (a sweep is continued where it began)
+# The study's own: where its trials run, "local" or "cluster" (a sweep is continued where it began), and a
+# cluster sweep's cluster and namespace: {"server": API server URL, "namespace": ..., "shown": both as the user
+# reads them, with the kubeconfig's context}
 WHERE = "orch.where"
+CLUSTER = "orch.cluster"
 
 STATES = {
     TrialState.RUNNING: "running",

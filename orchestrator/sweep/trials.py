@@ -92,6 +92,12 @@ Where = Literal["local", "cluster"]
 class TrialRunner(Protocol):
     where: Where
     """Where its trials run; a sweep's study keeps it, and is continued only there."""
+    place: dict[str, str]
+    """Which cluster and namespace (study.CLUSTER's keys); {} here. Kept in the study too."""
+
+    def prepare(self) -> None:
+        """Before the first trial, once the study is known to be continued here: what must hold first."""
+        ...
 
     def run_name(self, number: int) -> str:
         """Trial `number`'s run (kept in the study): its run dir, or its job's name."""
@@ -122,6 +128,10 @@ class LocalTrials:
 
     def __init__(self, sweep: Sweep) -> None:
         self.sweep = sweep
+        self.place: dict[str, str] = {}
+
+    def prepare(self) -> None:
+        pass
 
     def run_name(self, number: int) -> str:
         return f"trial-{number}"

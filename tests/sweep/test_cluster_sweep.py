@@ -11,7 +11,8 @@ it admits it (the job reconciler keeps runPolicy.suspend until the Workload is a
 kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go; the operator then reports Suspended, then
 Running), and the trainer in the pods: objective.json and summary.json in the trial's prefix of the store
 (ORCH_OUTPUT_URL), as orchestrator/trainer/objective.py and trainer/main.py upload them. The trainer's own side
-of this (the upload, the prune watch, a real `orch run` pruned through the store) is tested at the end.
+of this (the upload, the prune watch, a real `orch run` pruned through the store) is tested at the end. One
+test needs no store (the fast tier): a sweep continued in another namespace or on another cluster, refused first.
 """
 
 from __future__ import annotations
@@ -99,8 +100,13 @@ class Cluster:
         return {item["name"]: item.get("value", "") for item in container["env"]}
 
     def lr(self, name: str) -> float:
-        """The learning rate the trial's pods train with: its ConfigMap's train.json."""
-        config = self.kube.get(CONFIGMAPS, NS, f"{name}-config")
+        """The learning rate the trial's pods train with: its ConfigMap's train.json. `orch submit` creates it
+        just after the job (cluster/objects.py: its ownerReference names the job's uid), so the pods wait for
+        it, as the kubelet retries the mount."""
+        deadline = time.monotonic() + 10
+        while (config := self.kube.get(CONFIGMAPS, NS, f"{name}-config")) is None:
+            assert time.monotonic() < deadline, f"no ConfigMap {name}-config"
+            time.sleep(0.01)
         return float(json.loads(config["data"]["train.json"])["optimizer"]["lr"])
 
     def url(self, name: str) -> str:
@@ -129,6 +135,14 @@ class Cluster:
 
     def run(self, name: str) -> None:
         self.kube.set_conditions(NS, name, ("Created", "True"), ("Running", "True"))
+
+    def trains(self, name: str, job: dict[str, Any]) -> None:
+        """A trial that trains to its end, a step each time it is looked at: Running, then Succeeded with the
+        value its learning rate gets."""
+        if "Running" in self.true(job):
+            self.succeed(name, value_of(self.lr(name)))
+        else:
+            self.run(name)
 
     def queue(self, name: str) -> None:
         self.kube.set_conditions(NS, name, ("Created", "True"), ("Suspended", "True"))
@@ -329,10 +343,7 @@ def test_a_killed_sweep_reattaches_running_trials_records_finished_ones_and_asks
     def operator(name: str, job: dict[str, Any]) -> None:
         if name == "lr-trial-1" and not any(line.startswith("trial 1 re-attached") for line in lines):
             return  # it runs on until the sweep has found it again
-        if "Running" in cluster.true(job):
-            cluster.succeed(name, value_of(cluster.lr(name)))
-        else:
-            cluster.run(name)
+        cluster.trains(name, job)
 
     play_until_done(cluster, thread, operator)
     result = finished(thread, box)
@@ -352,6 +363,30 @@ def test_a_killed_sweep_reattaches_running_trials_records_finished_ones_and_asks
     assert f"trial 1 re-attached -> job lr-trial-1 ({base}/lr-trial-1/)" in lines
     assert any(line.startswith("trial 0 complete: eval/loss") for line in lines)
     assert "trial 2 was cut off (its job lr-trial-2 is gone): its parameters asked again" in lines
+
+
+def test_the_trials_are_followed_in_the_namespace_the_job_file_names(user, tmp_path, monkeypatch):
+    """A job file naming its namespace, a context in another: the trials' jobs are created in the job's (as
+    `orch submit` creates them), and listed, read and recorded there; the study keeps that namespace and
+    the cluster's API server."""
+    cluster, base = user.cluster, user.base
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", cluster.kube.url, contexts={"dev": "elsewhere"},
+                                  current="dev")  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    job = {**job_storing_at(base), "namespace": NS}
+    path = write_sweep(tmp_path, sweep_text(max_trials=2, parallel=1), job=job)
+    lines: list[str] = []
+    thread, box = in_a_thread(path, lines)
+    play_until_done(cluster, thread, cluster.trains)
+    result = finished(thread, box)
+
+    assert [row.state for row in result.rows] == ["complete", "complete"], lines
+    assert sorted(cluster.jobs()) == ["lr-trial-0", "lr-trial-1"]
+    assert cluster.kube.names(JOBS, "elsewhere") == []
+    study = studies.open_study(spec.load_sweep(path, where="cluster"))
+    assert study.user_attrs[studies.CLUSTER] == {
+        "server": cluster.kube.url, "namespace": NS, "shown": f"{cluster.kube.url} (context dev)",
+    }  # fmt: skip
 
 
 def test_a_trial_failed_on_suspected_hardware_is_asked_again_and_later_trials_avoid_the_node(user, tmp_path):
@@ -374,10 +409,7 @@ def test_a_trial_failed_on_suspected_hardware_is_asked_again_and_later_trials_av
 
     def operator(name: str, job: dict[str, Any]) -> None:
         if name != "lr-trial-0":
-            if "Running" in cluster.true(job):
-                cluster.succeed(name, value_of(cluster.lr(name)))
-            else:
-                cluster.run(name)
+            cluster.trains(name, job)
             return
         pod = cluster.kube.add_pod(NS, name, "master", 0, node="gpu-node-7")
         cluster.kube.patch(PODS, NS, pod, {"status": {"phase": "Failed", "containerStatuses": [{
@@ -438,6 +470,58 @@ def test_a_foreign_run_in_a_trials_prefix_stops_the_sweep_before_its_job(user, t
         f"error: {base}/old-trial-0/ already holds a run's outputs (an earlier sweep named old"
     )
     assert cluster.jobs() == {}
+
+
+def study_left_by_a_sweep_in(path: Path, server: str, namespace: str, context: str) -> None:
+    """The study as `orch sweep --cluster` in `context` left it: trial 0 a job in `namespace` (a real sweep
+    records the same: test_the_trials_are_followed_in_the_namespace_the_job_file_names)."""
+    sweep = spec.load_sweep(path, where="cluster")
+    study = studies.open_study(sweep)
+    trial = study.ask(studies.distributions(sweep))
+    trial.set_user_attr(studies.RUN, "lr-trial-0")
+    study.set_user_attr(studies.WHERE, "cluster")
+    study.set_user_attr(
+        studies.CLUSTER, {"server": server, "namespace": namespace, "shown": f"{server} (context {context})"}
+    )
+
+
+def test_a_cluster_sweep_is_continued_only_in_the_namespace_and_cluster_its_trials_run_in(
+    tmp_path, monkeypatch
+):
+    """Continued in another namespace or on another cluster, the sweep would list none of its jobs there and ask
+    every running trial again: refused in one line naming both places, exit 2, before the cluster or the store
+    is asked anything. Where the trials go is where `orch submit` would create them: -n, else the job file's
+    namespace, else the context's."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: the refusal comes first
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with serve() as kube, serve() as elsewhere:
+        contexts = {"dev": NS, "research": "team-b"}
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, contexts=contexts, current="dev")
+        other = write_kubeconfig(tmp_path / "other", elsewhere.url, contexts={"dev": NS}, current="dev")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        path = write_sweep(tmp_path, sweep_text(max_trials=2, parallel=1), job=job_storing_at("s3://bkt/lr"))
+        study_left_by_a_sweep_in(path, kube.url, NS, "dev")
+        here = f"namespace {NS} at {kube.url} (context dev)"
+        for flags, there in [
+            (["-n", "team-b"], f"namespace team-b at {kube.url} (context dev)"),
+            (["--context", "research"], f"namespace team-b at {kube.url} (context research)"),
+            (["--kubeconfig", str(other)], f"namespace {NS} at {elsewhere.url} (context dev)"),
+        ]:
+            result = run_orch("sweep", str(path), "--cluster", *flags, cwd=tmp_path)
+            assert (result.returncode, result.stderr) == (2, (
+                f"error: sweep lr runs its trials in {here}, not in {there}: continue it there (--context, "
+                f"--namespace), or give this sweep a study of its own: another `name:` in {path}\n"
+            )), flags  # fmt: skip
+        # the job file's namespace is where the trials' jobs would be created
+        (tmp_path / "job.yaml").write_text(
+            json.dumps({**job_storing_at("s3://bkt/lr"), "namespace": "team-b"})
+        )
+        result = run_orch("sweep", str(path), "--cluster", cwd=tmp_path)
+        assert (
+            result.returncode == 2 and f"not in namespace team-b at {kube.url} (context dev)" in result.stderr
+        )
+        assert kube.requests() == [] and elsewhere.requests() == []
 
 
 # --- the trainer's side: what the pods of a cluster trial do ---------------------------------------------------
@@ -506,3 +590,4 @@ def test_orch_run_with_a_prune_request_in_its_store_ends_as_a_pruned_trial(user,
     assert summary["pruned"] is True and summary["steps"] < 200
     assert objective["pruned"] is True and objective["metric"] == "eval/loss"
     assert any((storage.location(out) / "checkpoints").iterdir())  # the stop checkpoint, to resume from
+

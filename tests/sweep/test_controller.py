@@ -97,6 +97,10 @@ class Runner:
     hopeless_lr: float | None = None
     interrupt_after: int | None = None
     where: str = "local"
+    place: dict[str, str] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        pass
 
     def run_name(self, number: int) -> str:
         return f"trial-{number}"
@@ -292,3 +296,23 @@ def test_a_sweep_is_continued_only_where_its_trials_ran(tmp_path):
         run(other, Runner())
     study = studies.open_study(other)
     assert study.user_attrs[studies.WHERE] == "cluster" and len(study.trials) == 2  # nothing was started
+
+
+def test_a_cluster_sweep_goes_on_through_any_context_that_reaches_its_namespace(tmp_path):
+    """The study keeps the API server and namespace its trials run in; a context of another name (another
+    user's kubeconfig, other credentials) that reaches the same ones continues it; another namespace does not
+    (tests/sweep/test_cluster_sweep.py refuses it through the CLI and the emulator)."""
+    sweep = load(tmp_path, max_trials=2)
+    place = {
+        "server": "https://10.0.0.1:6443",
+        "namespace": "team-a",
+        "shown": "https://10.0.0.1:6443 (context dev)",
+    }
+    run(sweep, Runner(where="cluster", place=place))
+    other_context = {**place, "shown": "https://10.0.0.1:6443 (context alice)"}
+    again = load(tmp_path, max_trials=3)  # one more trial: the study goes on
+    run(again, Runner(where="cluster", place=other_context))
+    study = studies.open_study(again)
+    assert len(study.trials) == 3 and study.user_attrs[studies.CLUSTER] == place  # the first one kept
+    with pytest.raises(UsageError, match="runs its trials in namespace team-a at https://10.0.0.1:6443 "):
+        run(again, Runner(where="cluster", place={**place, "namespace": "team-b"}))
