@@ -11,8 +11,9 @@ it admits it (the job reconciler keeps runPolicy.suspend until the Workload is a
 kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go; the operator then reports Suspended, then
 Running), and the trainer in the pods: objective.json and summary.json in the trial's prefix of the store
 (ORCH_OUTPUT_URL), as orchestrator/trainer/objective.py and trainer/main.py upload them. The trainer's own side
-of this (the upload, the prune watch, a real `orch run` pruned through the store) is tested at the end. One
-test needs no store (the fast tier): a sweep continued in another namespace or on another cluster, refused first.
+of this (the upload, the prune watch, a real `orch run` pruned through the store, the MLflow run a trial's pods
+create as the sweep's child) is tested at the end. Two tests need no store (the fast tier): a sweep continued
+in another namespace or on another cluster, refused first; the MLflow variables of a trial's job.
 """
 
 from __future__ import annotations
@@ -591,3 +592,55 @@ def test_orch_run_with_a_prune_request_in_its_store_ends_as_a_pruned_trial(user,
     assert objective["pruned"] is True and objective["metric"] == "eval/loss"
     assert any((storage.location(out) / "checkpoints").iterdir())  # the stop checkpoint, to resume from
 
+
+def test_a_trial_jobs_pods_attach_their_mlflow_run_as_the_sweeps_child(tmp_path, monkeypatch):
+    """A job tracking with MLflow on a server the pods reach (http://mlflow.team:5000): the sweep creates its
+    parent run there (here a `file:` store standing for that server, through ORCH_MLFLOW_TRACKING_URI as a shell
+    that reaches it otherwise would), and a trial's job, as submit renders it, carries what the pods need to
+    attach their run as its child: tracking on, the job's server, the trial's own run name and the parent's
+    id. The trainer's MLflow tracker, built from that container env as the pod's rank 0 builds it (the server
+    again the file store), creates its run under the parent."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator import runtime_env
+    from orchestrator.rendering.render import render
+    from orchestrator.sweep.cluster_trials import ClusterTrials
+    from orchestrator.sweep.tracking import SweepTracking
+    from orchestrator.sweep.trials import TrialPlan
+    from orchestrator.trainer import tracking
+
+    store = f"file:{tmp_path / 'mlruns'}"
+    for name, value in {**tracking.MLFLOW_HTTP_DEFAULTS, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}.items():
+        monkeypatch.setenv(name, value)  # what the sweep and the tracker set, undone after the test
+    monkeypatch.setenv(runtime_env.ENV_MLFLOW_TRACKING_URI, store)
+    server = {"tracking_uri": "http://mlflow.team:5000", "experiment": "lr-sweeps", "run_name": "lr"}
+    job = {**job_storing_at("s3://bkt/lr"), "tracking": {"mlflow": server}}
+    sweep = spec.load_sweep(write_sweep(tmp_path, sweep_text(2, 1), job=job), where="cluster")
+    sweep_tracking = SweepTracking(sweep, studies.open_study(sweep), notice=pytest.fail)
+    sweep_tracking.start()
+    parent = sweep_tracking.run_id
+    assert parent is not None
+    params = {"train.optimizer.lr": 0.01}
+    plan = TrialPlan(1, params, "lr-trial-1", env=sweep_tracking.env(TrialPlan(1, params, "lr-trial-1")))
+
+    trial_job = ClusterTrials(sweep, api.Client(), place={}).trial_job(plan)
+    (rendered,) = [obj for obj in render(trial_job, api="pytorchjob") if obj["kind"] == "PyTorchJob"]
+    env = Cluster.env(rendered)
+    assert {name: env.get(name) for name in ("ORCH_MLFLOW", "ORCH_MLFLOW_TRACKING_URI", "ORCH_MLFLOW_EXPERIMENT",
+                                             "ORCH_MLFLOW_RUN_NAME", "ORCH_MLFLOW_PARENT_RUN_ID")} == {
+        "ORCH_MLFLOW": "1", "ORCH_MLFLOW_TRACKING_URI": "http://mlflow.team:5000",
+        "ORCH_MLFLOW_EXPERIMENT": "lr-sweeps", "ORCH_MLFLOW_RUN_NAME": "lr-trial-1",
+        "ORCH_MLFLOW_PARENT_RUN_ID": parent,
+    }  # fmt: skip
+
+    pod = runtime_env.TrackingSettings.from_environ({**env, runtime_env.ENV_MLFLOW_TRACKING_URI: store})
+    tracker = tracking.build(pod, enabled=True, job_name="lr-trial-1", output_dir=tmp_path / "pod")
+    tracker.start()
+    tracker.log_metrics(5, {"eval/loss": 0.5})
+    assert tracker.close() == []
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("lr-sweeps")
+    (child,) = [run for run in client.search_runs([experiment.experiment_id]) if run.info.run_id != parent]
+    assert child.info.run_name == "lr-trial-1" and child.data.tags["mlflow.parentRunId"] == parent
+    assert child.data.tags["orch.api_kind"] == "PyTorchJob" and child.data.metrics["eval/loss"] == 0.5
