@@ -55,17 +55,13 @@ class Owner:
         if owner == self.name:
             return True
         path = self.folder / OWNERS / f"{owner}.lock"
-        try:
-            with open(path) as other:
-                try:
-                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return True
-        except FileNotFoundError:
+        held = _held(path)
+        if held is None:
             # no file: this host's process ended (it removes its file); another host's is that host's to judge
             return not owner.startswith(f"{self.host}-")
-        path.unlink(missing_ok=True)  # a process that died without removing it
-        return False
+        if not held:
+            path.unlink(missing_ok=True)  # a process that died without removing it
+        return held
 
 
 @contextlib.contextmanager
@@ -82,12 +78,17 @@ def exclusive(folder: Path) -> Iterator[None]:
 
 def locked(path: Path) -> bool:
     """Whether another process holds an flock on `path` (an `orch run` holding its run dir's run.lock)."""
+    return bool(_held(path))
+
+
+def _held(path: Path) -> bool | None:
+    """Whether another process holds an flock on `path`; None when there is no such file."""
     try:
-        with open(path) as held:
+        with open(path) as file:
             try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
     except FileNotFoundError:
-        return False
+        return None
     return False
