@@ -92,10 +92,10 @@ def run(
 
 
 def _claim_place(sweep: Sweep, study: optuna.Study, runner: TrialRunner) -> None:
-    """A study's trials all run in one place: here, or in one namespace of one cluster (a study that ran
-    trials before orch kept where ran them here; a cluster sweep's from before orch kept its namespace is
-    continued in the first one it is continued in). UsageError when this run would continue elsewhere a study
-    that ran trials: each place would count the other's running trials as lost and ask them again."""
+    """A study's trials all run in one place: here, or in one namespace of one cluster; a study without
+    trials yet takes this run's. UsageError when this run would continue elsewhere a study that ran trials:
+    each place would count the other's running trials as lost and ask them again. (A study from before orch
+    kept the place ran its trials here; a cluster sweep's from before it kept the namespace keeps this run's.)"""
     ran = any(studies.RUN in trial.user_attrs for trial in study.get_trials(deepcopy=False))
     kept = study.user_attrs.get(studies.WHERE, "local") if ran else runner.where
     if kept != runner.where:
@@ -108,21 +108,18 @@ def _claim_place(sweep: Sweep, study: optuna.Study, runner: TrialRunner) -> None
             f"sweep {sweep.name} ran its trials here: continue it with `orch sweep {sweep.file}` (or give the "
             f"cluster sweep a study of its own: another `name:` in {sweep.file})"
         )
-    there = study.user_attrs.get(studies.CLUSTER) if ran else None
-    if there and (there.get("server"), there.get("namespace")) != (
-        runner.place.get("server"),
-        runner.place.get("namespace"),
-    ):
+    there, here = study.user_attrs.get(studies.CLUSTER) if ran else None, runner.place
+    if there and (there.get("server"), there.get("namespace")) != (here.get("server"), here.get("namespace")):
         raise UsageError(
             f"sweep {sweep.name} runs its trials in namespace {there.get('namespace')} at {there.get('shown')}, "
-            f"not in namespace {runner.place.get('namespace')} at {runner.place.get('shown')}: continue it "
+            f"not in namespace {here.get('namespace')} at {here.get('shown')}: continue it "
             f"there (--context, --namespace), or give this sweep a study of its own: another `name:` in "
             f"{sweep.file}"
         )
     if study.user_attrs.get(studies.WHERE) != runner.where:
         study.set_user_attr(studies.WHERE, runner.where)
-    if runner.place and not there:
-        study.set_user_attr(studies.CLUSTER, runner.place)
+    if here and not there:
+        study.set_user_attr(studies.CLUSTER, here)
 
 
 class _Stop:
