@@ -39,10 +39,16 @@ from orchestrator.trainer.tracking.loop import (
     prefixed,
     step_metrics,
 )
-from orchestrator.trainer.tracking.mlflow_tracker import TAG_RUN_KEY, MlflowTracker, transient
+from orchestrator.trainer.tracking.mlflow_tracker import (
+    MLFLOW_HTTP_DEFAULTS,
+    TAG_RUN_KEY,
+    MlflowTracker,
+    transient,
+)
 from orchestrator.trainer.tracking.sinks import NullTracker, TensorBoardTracker, Trackers
 
 __all__ = [
+    "MLFLOW_HTTP_DEFAULTS",
     "TAG_RUN_KEY",
     "MlflowTracker",
     "NullTracker",
