@@ -30,16 +30,17 @@ PersistentVolumeClaim.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import hardware, outputs
+from orchestrator import exit_codes, hardware, outputs
 
 RETRIES_EXHAUSTED = 3  # 1-127: the operator does not retry it, the job fails
 ENV_RETRY_LIMIT = "ORCH_RETRY_LIMIT"
@@ -147,6 +148,51 @@ def count_start(output_dir: Path, submission: str, pod: str, limit: int) -> tupl
     )
 
 
+@dataclass
+class Restarts:
+    """What torch's agent did under `restart_rule`: how often it restarted the workers, and the exit code that
+    ended its restarts early (exit_codes.NOT_RESTARTED), if one did."""
+
+    done: int = 0
+    refused_by: int | None = None
+
+
+@contextlib.contextmanager
+def restart_rule() -> Iterator[Restarts]:
+    """The launch inside runs torch's elastic agent with orch's restart rule (exit_codes.restartable): a
+    failure whose exit code says that a restart would end the same way (a refusal, results that could not be
+    kept) ends the agent's restarts, which otherwise follow any failure while max_restarts allows
+    (agent/server/api.py `_invoke_run`). Both launchers use it: `orch run` (restart.policy job, elastic) and
+    a pod's torchrun (PET_MAX_RESTARTS under restart.policy job or elastic:).
+
+    torch's launcher builds its agent itself (launcher/api.py `launch_agent` names LocalElasticAgent), so
+    the agent is a subclass of it for the length of the launch, which ends restarts the way torch's own
+    does for a worker stuck in uninterruptible sleep (local_elastic_agent.py sets `_remaining_restarts` to
+    0). One launch at a time per process: the name is the module's."""
+    from torch.distributed.launcher import api as launcher
+
+    restarts = Restarts()
+    agent_class = launcher.LocalElasticAgent
+
+    class RuledAgent(agent_class):  # type: ignore[misc, valid-type]  # torch's elastic API is untyped
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and self._remaining_restarts > 0:  # type: ignore[has-type]  # restarts next, unless
+                codes = [failure.exitcode for failure in result.failures.values()]
+                if exit_codes.restartable(codes):
+                    restarts.done += 1
+                else:
+                    restarts.refused_by = next(c for c in codes if c in exit_codes.NOT_RESTARTED)
+                    self._remaining_restarts = 0
+            return result
+
+    launcher.LocalElasticAgent = RuledAgent  # type: ignore[misc]  # (a class: mypy sees a type assigned)
+    try:
+        yield restarts
+    finally:
+        launcher.LocalElasticAgent = agent_class  # type: ignore[misc]
+
+
 def _raise_signal(signum: int, frame: Any) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -177,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _raise_signal)
     try:
         try:
-            torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
+            with restart_rule():
+                torchrun.run(args)  # type: ignore[no-untyped-call]  # as above
         finally:
             # The workers are gone; what is left is this process's lines and exit code. torch's handler (it
             # raises) stays installed, and a second signal here would end PID 1 in a traceback and exit 1.

@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "orchestrator.redaction",
             "orchestrator.outputs",
             "orchestrator.hardware",  # hardware failures: exit code, signatures, the pod's record (stdlib)
+            "orchestrator.exit_codes",  # the ranks' own exit codes and the launchers' restart rule (stdlib)
             "orchestrator.goodput",  # the goodput journal's records and their accounting (stdlib)
             "orchestrator.stacks",  # every rank's stack on demand: OUT's rank records, the store's requests
             "orchestrator.storage",

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator import launch, outputs, runtime_env
+from orchestrator import exit_codes, launch, outputs, runtime_env
 from orchestrator.errors import OrchError
 from orchestrator.local import worker
 from orchestrator.local.console import RunLogs, launcher_log, live_console
@@ -40,7 +40,8 @@ TRAINER_MODULE = "orchestrator.trainer"
 class RunFailed(OrchError):
     """A rank failed (after any elastic restarts); the message names it and its error. `exit_code` keeps the
     failure's class, as a pod's launcher does: 1 (permanent) for an exception or a run that did not finish,
-    128 + N (retryable) for a rank killed by signal N."""
+    128 + N (retryable) for a rank killed by signal N, a rank's own code otherwise (2: it refused its input;
+    exit_codes.RESULTS_NOT_KEPT: the training finished but its results could not all be written)."""
 
     def __init__(self, message: str, *, exit_code: int = 1) -> None:
         super().__init__(message)
@@ -182,6 +183,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
                 live_console(
                     outputs.rank_log(log_dir, 0), progress_file if progress_bar else None, stream, local
                 ),
+                launch.restart_rule() as restarts,  # a refusal is not restarted, as in a pod
             ):
                 try:
                     elastic_launch(config, entrypoint)(*args)
@@ -189,7 +191,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
                     stops.settle()  # the ranks are gone: from here a signal is noted, not raised
         except ChildFailedError as error:
             hang = _hang_line(local.output_dir, since=launched)
-            message, code = _failure_message(error, local, log_dir)
+            message, code = _failure_message(error, local, log_dir, restarts)
             raise RunFailed(hang + message, exit_code=code) from None
         except (SignalException, KeyboardInterrupt) as error:
             stops.settle()  # (a signal before the launch began)
@@ -270,13 +272,20 @@ def _hang_line(output_dir: Path, *, since: float) -> str:
     return f"{line}, every rank's stack in its log; "
 
 
-def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> tuple[str, int]:
+def _failure_message(
+    error: Any, local: LocalPlan, log_dir: Path, restarts: launch.Restarts
+) -> tuple[str, int]:
     """One line and `orch run`'s exit code: the first failing rank, its exception and where it was raised, its
     log file, and before it any rank that had exited 0 while the others ran (what they failed waiting for).
     The code keeps the named rank's class as a pod's launcher does (launch.code_of): 1 for an exception,
-    128 + N for a rank killed by signal N, the rank's own code otherwise (137 from a shell, say)."""
+    128 + N for a rank killed by signal N, the rank's own code otherwise (137 from a shell, say). A rank
+    whose results could not be kept (the training finished) is said in its own words."""
     rank, failure = _first_failure(error)
     data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if failure.exitcode == exit_codes.RESULTS_NOT_KEPT and isinstance(data, dict):
+        said = (str(data.get("message", "")).strip().splitlines() or [""])[-1]
+        said = re.sub(r"^[A-Za-z_][\w.]*: ", "", said, count=1)  # @record's `ResultsNotKept: ` before it
+        return f"{said}; its output: {outputs.rank_log(log_dir, rank)}", exit_codes.RESULTS_NOT_KEPT
     if isinstance(data, dict):  # written by @record (trainer) or worker.py: the exception, the traceback
         reason = str(data.get("message", "")).strip().splitlines()[-1:] or [""]
         where = _raised_at(str((data.get("extraInfo") or {}).get("py_callstack", "")))
@@ -289,11 +298,12 @@ def _failure_message(error: Any, local: LocalPlan, log_dir: Path) -> tuple[str, 
         text = f"128 + {_signal_name(failure.exitcode - 128)}: a process it ran was killed by that signal"
     else:
         text = "no error recorded"
-    restarts = (
-        f" after {local.max_restarts} restart{'s' * (local.max_restarts != 1)}" if local.max_restarts else ""
-    )
+    done = f" after {restarts.done} restart{'s' * (restarts.done != 1)}" if restarts.done else ""
+    code = f"exit code {failure.exitcode}"
+    if restarts.refused_by is not None:  # restart.policy job / elastic would have restarted any other failure
+        code += ", not restarted: a restart would end the same way"
     log = outputs.rank_log(log_dir, rank)
-    line = f"rank {rank} failed{restarts} (exit code {failure.exitcode}): {text}; its output: {log}"
+    line = f"rank {rank} failed{done} ({code}): {text}; its output: {log}"
     early = launch.exited_early(error.failures, local.world_size)
     if early:
         ranks = ", ".join(str(r) for r in early)

@@ -7,8 +7,9 @@ own (so a Ctrl-C in the terminal reaches only the launcher, which stops the rank
 (`kill -9`, the OOM killer) runs no cleanup, and its workers would go on training and writing checkpoints.
 This shim asks Linux to SIGKILL the worker when its parent dies (PR_SET_PDEATHSIG, kept across exec), appends
 the rank's stdout and stderr to `ORCH_LOG_DIR/rank-RANK.log`, and then execs the real command in place: the
-same pid, so the agent's signals and exit codes are the command's own. It imports the stdlib and
-orchestrator.outputs only (the package's __init__ imports nothing on its own): it starts in milliseconds.
+same pid, so the agent's signals and exit codes are the command's own. It imports the stdlib,
+orchestrator.outputs and orchestrator.exit_codes only (the package's __init__ imports nothing on its own):
+it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import signal
 import sys
 import time
 
-from orchestrator import outputs
+from orchestrator import exit_codes, outputs
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LAUNCHER_PID = "ORCH_LAUNCHER_PID"  # the process whose death kills this one (`orch run`)
@@ -66,7 +67,7 @@ def main(argv: list[str]) -> None:
         message = f"cannot run {argv[0]}: {error.strerror}"
         print(f"orch run: {message}", file=sys.stderr, flush=True)
         write_error_file(message)
-        os._exit(127)
+        os._exit(exit_codes.CANNOT_RUN)
 
 
 def write_error_file(message: str) -> None:

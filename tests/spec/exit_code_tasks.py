@@ -48,3 +48,16 @@ def exits_0_on_rank(rank: int, at_step: int = 3, **synthetic_args) -> Task:
 
     task.loss_fn = exiting
     return task
+
+
+def refuses(rank: int) -> Task:
+    """Rank `rank` refuses its input, as a resume on changed data does (`DataError`: one line, exit 2); each
+    start of the rank appends a line to ORCH_OUTPUT_DIR/starts-RANK."""
+    from orchestrator.trainer.data import DataError
+
+    if int(os.environ["RANK"]) == rank:
+        Path(os.environ["ORCH_OUTPUT_DIR"]).mkdir(parents=True, exist_ok=True)
+        with open(Path(os.environ["ORCH_OUTPUT_DIR"], f"starts-{rank}"), "a") as starts:
+            starts.write("started\n")
+        raise DataError(f"deliberate refusal on rank {rank}")
+    return synthetic.make(samples=256)

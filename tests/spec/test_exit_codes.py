@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch, naming, outputs
+from orchestrator import exit_codes, launch, naming, outputs
 from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
 from orchestrator.rendering.pod import LAUNCHER
 from tests.spec.test_restart_launch import finish, kill_all, pod_command
 from tests.spec.test_torchrun_launch import free_port
-from tests.trainer.conftest import REPO, job
+from tests.trainer.conftest import REPO, job, orch_run, write_job
 from tests.trainer.test_faults import wait_for
 
 pytestmark = pytest.mark.slow
@@ -230,3 +230,75 @@ def test_the_pod_launcher_turns_on_nccls_flight_recorder_dumping_into_the_output
         "TORCH_FR_DUMP_TEMP_FILE": "/orch/output/nccl-traces/rank_",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/orch/output/nccl-traces/rank_",
     }
+
+
+# --- one restart rule for both launchers (#33) ------------------------------------------------------------------
+
+
+def refusing_job(name: str) -> dict:
+    """One process whose task refuses its input (exit 2) under restart.policy job, 2 restarts allowed."""
+    spec = job(name, max_steps=4, task="tests.spec.exit_code_tasks:refuses", task_args={"rank": 0})
+    return spec | {
+        "image": "i:1",
+        "metrics": {"enabled": False},
+        "restart": {"policy": "job", "max_restarts": 2},
+    }
+
+
+def test_orch_run_does_not_restart_a_refusal_under_restart_policy_job(tmp_path):
+    """#33: `orch run` restarted a rank that exited 2, so the refusal (a resume on changed data, say) happened
+    max_restarts + 1 times. A refusal ends the run at once, and the line says why it was not restarted."""
+    out = tmp_path / "out"
+    run = orch_run(write_job(tmp_path, refusing_job("refused")), out, env={"ORCH_METRICS_PORT": "0"})
+    assert run.returncode == exit_codes.REFUSED, run.stderr  # the rank's own code (its class kept)
+    assert (out / "starts-0").read_text() == "started\n"  # one start: not restarted
+    tasks = Path(REPO, "tests", "spec", "exit_code_tasks.py").read_text().splitlines()
+    raised = next(n for n, text in enumerate(tasks, 1) if "raise DataError" in text)
+    assert run.stderr.splitlines()[-1] == (
+        "error: rank 0 failed (exit code 2, not restarted: a restart would end the same way): DataError: "
+        f"deliberate refusal on rank 0 (at tests/spec/exit_code_tasks.py:{raised} in refuses); its output: "
+        f"{out}/logs/rank-0.log"
+    )
+    assert (
+        "restarting all" not in run.stdout and "error: deliberate" not in run.stdout
+    )  # said once, at the end
+
+
+def test_a_pods_torchrun_does_not_restart_a_refusal_under_restart_policy_job(tmp_path):
+    """The same rule in a pod: a PyTorchJob's restart.policy job is torchrun's elastic agent with
+    maxRestarts, whose restarts the launcher ends on a refusal; the container exits 2 (permanent)."""
+    spec = JobSpec.model_validate(refusing_job("refused-pod"))
+    found = {o["kind"]: o for o in render.render(spec, api="pytorchjob")}
+    job_spec = found["PyTorchJob"]["spec"]
+    elastic = job_spec["elasticPolicy"]
+    assert elastic["maxRestarts"] == 2
+    (container,) = job_spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    command = pod_command(container["command"], found["ConfigMap"], tmp_path / "etc-orch")
+    out = tmp_path / "out"
+    operator_env = {  # the v1.9 operator's env for an elastic job (elastic.go), as tests/spec/test_restart_launch.py plays it
+        "PYTHONUNBUFFERED": "1",
+        "PET_NPROC_PER_NODE": job_spec["nprocPerNode"],
+        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
+        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
+    }
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    result = run_pod(
+        command, env | operator_env | {"ORCH_OUTPUT_DIR": str(out), "TMPDIR": str(tmp_path)}, out
+    )
+    assert result.returncode == exit_codes.REFUSED, result.stderr[-3000:]
+    assert (out / "starts-0").read_text() == "started\n"
+    assert "exit code 2 (permanent)" in result.stderr
+
+
+def test_the_restart_rule():
+    """Whether a restart can change how the ranks end, from the exit codes of those that failed."""
+    assert (
+        exit_codes.restartable([1]) and exit_codes.restartable([-9, 1]) and exit_codes.restartable([143, 200])
+    )
+    assert (
+        not exit_codes.restartable([2])
+        and not exit_codes.restartable([-15, 74])
+        and not exit_codes.restartable([127])
+    )
