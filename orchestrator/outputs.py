@@ -131,8 +131,12 @@ def error_file(log_dir: Path, attempt: int | str, rank: int | str) -> Path:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Written to a temporary name and renamed, so a reader (another process) never sees half a file."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(partial, path)
+    except BaseException:  # a full disk: no half-written file left behind
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any]:

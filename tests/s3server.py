@@ -6,7 +6,9 @@ ORCH_MOTO_PYTHON names another Python that has `moto[server]`. The server listen
 keeps its objects in memory, and accepts any credentials (moto does not check signatures by default).
 
 `Throttling` is a proxy in front of it that answers every `every`-th request with S3's
-`503 SlowDown`, as a throttled bucket does, and forwards the rest.
+`503 SlowDown`, as a throttled bucket does, and forwards the rest. `Failing` fails every request for the
+objects whose keys end in one of its names, as a store does that refuses them (403 AccessDenied), keeps
+throttling them past any retry budget (503 SlowDown) or is gone (the connection closed without an answer).
 """
 
 from __future__ import annotations
@@ -166,3 +168,43 @@ class Throttling(Proxy):
             if request.command != "HEAD":
                 request.wfile.write(error)
         return throttle
+
+
+# S3's error bodies (docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html) for the answers Failing gives.
+FAILURES = {
+    "refused": (403, b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"),
+    "throttled": (
+        503,
+        b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
+    ),
+}
+
+
+class Failing(Proxy):
+    """A proxy that fails every write (PUT, POST: a multipart upload's parts included) of an object whose key
+    ends in one of `names` or lies in a folder of that name, the way `how` says: "refused", "throttled" (every time: past the retry budget) or
+    "gone" (the connection closed without an answer, as a store that died mid-request); the rest goes through.
+    `failed` counts the requests it failed."""
+
+    def __init__(self, upstream: str, names: tuple[str, ...], how: str = "refused") -> None:
+        super().__init__(upstream)
+        self.names, self.how, self.failed = names, how, 0
+        self.lock = threading.Lock()
+
+    def intercept(self, request: BaseHTTPRequestHandler) -> bool:
+        key = request.path.partition("?")[0]
+        ours = any(key.endswith(f"/{name}") or f"/{name}/" in key for name in self.names)  # a file, a folder
+        if request.command not in ("PUT", "POST") or not ours:
+            return False
+        with self.lock:
+            self.failed += 1
+        if self.how == "gone":
+            request.close_connection = True
+            request.connection.shutdown(2)  # socket.SHUT_RDWR: no answer at all
+            return True
+        status, error = FAILURES[self.how]
+        request.send_response(status)
+        request.send_header("Content-Length", str(len(error)))
+        request.end_headers()
+        request.wfile.write(error)
+        return True

@@ -90,6 +90,9 @@ def live_console(
 
 # The first line of a Python traceback; torch prefixes a rank's uncaught exception with "[rankN]:".
 _TRACEBACK = re.compile(r"(\[rank\d+\]:\s*)?Traceback \(most recent call last\):")
+# The trainer's last word before it exits with a refusal or its results not kept (trainer/__main__.py): the
+# run's own last line says it (it quotes the rank's error), once.
+_TRAINER_ERROR = re.compile(r"error: ")
 # Lines of the trainer's reporter that the progress bar replaces on a terminal.
 _BAR_SHOWS = re.compile(r"(step \d+/\d+  |eval at step \d+: |training |done: )")
 
@@ -97,7 +100,8 @@ _BAR_SHOWS = re.compile(r"(step \d+/\d+  |eval at step \d+: |training |done: )")
 class _Console:
     """Follows OUT/logs/rank-0.log (every attempt of this run) and, with a bar, rank 0's progress events.
 
-    A Python traceback is left in the log: the run ends with one line naming the failure and the file.
+    A Python traceback is left in the log, and so is a train job's `error:` line: the run ends with one line
+    naming the failure and the file.
     """
 
     def __init__(self, log: Path, events: Path | None, stream: TextIO, local: LocalPlan) -> None:
@@ -155,6 +159,8 @@ class _Console:
         if _TRACEBACK.match(line):
             self.hiding_traceback = True
         if self.hiding_traceback or (self.events is not None and _BAR_SHOWS.match(line)):
+            return
+        if self.local.train is not None and _TRAINER_ERROR.match(line):
             return
         self._print(line)
 

@@ -5,13 +5,14 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from orchestrator import hardware
+from orchestrator import exit_codes, hardware
 from orchestrator.storage import StorageError
 from orchestrator.trainer.compat import TorchTooOld
 from orchestrator.trainer.data import DataError
 from orchestrator.trainer.exits import exit_now
 from orchestrator.trainer.main import main
 from orchestrator.trainer.preflight import PreflightFailed
+from orchestrator.trainer.results import ResultsNotKept
 
 # record(): a failing rank's traceback goes to torchrun's error file, so the launcher can show it.
 try:
@@ -19,7 +20,10 @@ try:
 except (TorchTooOld, StorageError, DataError) as error:  # one line, not a traceback: the fix is the image,
     # the store or the data
     print(f"error: {error}", file=sys.stderr, flush=True)
-    os._exit(2)
+    os._exit(exit_codes.REFUSED)
+except ResultsNotKept as error:  # one line naming what is not where asked; the last checkpoint is written
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(exit_codes.RESULTS_NOT_KEPT)
 except PreflightFailed as error:  # one line naming the bad rank; the launcher reads OUT/preflight.json
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(hardware.EXIT_CODE)

@@ -359,7 +359,13 @@ class Trainer:
         tensorboard_dir = self.runtime.tracking.tensorboard_dir
         if self.world.is_main and self.runtime.output_url and tensorboard_dir:
             # TensorBoard writes locally; its events so far travel with each checkpoint
-            storage.upload(self.output_dir / tensorboard_dir, self.kept / tensorboard_dir)
+            try:
+                storage.upload(self.output_dir / tensorboard_dir, self.kept / tensorboard_dir)
+            except Exception as error:  # the checkpoint is kept; the run's end copies them again (or fails)
+                self.reporter.say(
+                    f"warning: TensorBoard's events could not be copied to {self.kept / tensorboard_dir}: "
+                    f"{storage.describe(error)}; tried again at the next checkpoint and at the end"
+                )
 
 
 def set_up(
@@ -496,6 +502,7 @@ def finish(
     import torch
 
     from orchestrator.trainer import checkpoint, precision, report
+    from orchestrator.trainer.results import ResultsNotKept
 
     cfg, runtime, world = trainer.cfg, trainer.runtime, trainer.world
     step = progress.step
@@ -519,10 +526,17 @@ def finish(
         summary["pruned"] = True
     # collective under FSDP: gathered to rank 0 (benchmark runs write no model: ORCH_FINAL_SAVE=0)
     final_model = checkpoint.full_model_state(trainer.module) if runtime.final_save and not pruned else None
+    # Leave together, every rank knowing whether rank 0 kept the results (no rank tears down its connections
+    # while rank 0 is still writing files): a failure to keep them ends every rank with its line.
+    not_kept: list[str | None] = [None]
     if world.is_main:
-        write_results(trainer, summary, final_model, journal)
-    # Leave together: no rank tears down its connections while rank 0 is still writing files.
-    torch.distributed.barrier()
+        try:
+            write_results(trainer, summary, final_model, journal)
+        except ResultsNotKept as error:
+            not_kept = [str(error)]
+    torch.distributed.broadcast_object_list(not_kept, src=0)
+    if not_kept[0] is not None:
+        raise ResultsNotKept(not_kept[0])
 
 
 def write_results(
@@ -531,29 +545,23 @@ def write_results(
     final_model: dict[str, torch.Tensor] | None,
     journal: NullJournal,
 ) -> None:
-    """Rank 0: model.pt and summary.json in the output directory (and the store), the tracker's artifacts."""
-    from orchestrator import storage
-    from orchestrator.trainer import checkpoint, tracking
+    """Rank 0: model.pt and summary.json in the output directory and the store (results.py: summary.json
+    last, ResultsNotKept when one cannot be written), the tracker's artifacts, the done line."""
+    from orchestrator.trainer import results, tracking
 
     output_dir, tracking_env = trainer.output_dir, trainer.runtime.tracking
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if final_model is not None:
-        checkpoint.write_atomic(output_dir / outputs.MODEL, final_model)
     journal.end("finished")  # the job's goodput until now: the results are kept
     goodput = journal.account()
     summary["goodput"] = goodput.to_dict() if goodput is not None else None
-    outputs.write_json(output_dir / outputs.SUMMARY, summary)
     if goodput is not None:  # MLflow / TensorBoard: summary.json's goodput/ratio and badput/CAUSE seconds
         shown = summary["goodput"]
         trainer.tracker.log_metrics(summary["steps"], {
             **tracking.prefixed("goodput", {"ratio": shown["ratio"], "seconds": shown["goodput_seconds"]}),
             **tracking.prefixed("badput", shown["badput_seconds"]),
         })  # fmt: skip
-    if trainer.runtime.output_url:  # the local copies stay: `orch run` reads summary.json, MLflow the model
-        tensorboard = [tracking_env.tensorboard_dir] if tracking_env.tensorboard_dir else []
-        model = [outputs.MODEL] if final_model is not None else []
-        for name in [*model, outputs.SUMMARY, *tensorboard]:
-            storage.upload(output_dir / name, trainer.kept / name)
+    # the local copies stay: `orch run` reads summary.json, MLflow the model
+    results.keep(output_dir, summary, model=final_model, tensorboard=tracking_env.tensorboard_dir,
+                 store=trainer.kept if trainer.runtime.output_url else None)  # fmt: skip
     model_file = (
         [output_dir / outputs.MODEL] if tracking_env.mlflow_log_model and final_model is not None else []
     )

@@ -1,7 +1,8 @@
 """Checkpoints and outputs on an object store, against a real S3-compatible server on 127.0.0.1 (moto's
 server mode, tests/s3server.py): write, rotate, resume (also at another world size through `orch run`), a
 2-rank async save hashed by each rank, a kill during a save, a store that throttles (503 SlowDown) and one
-that dies mid-run, a missing bucket and bad credentials at start. Nothing is mocked: HTTP requests to a real server, a real gloo group.
+that dies mid-run, a missing bucket and bad credentials at start, the run's results (model.pt, TensorBoard's
+events, summary.json) refused, throttled or cut off at its end. Nothing is mocked: HTTP requests to a real server, a real gloo group.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from orchestrator import storage
+from orchestrator import exit_codes, storage
 from orchestrator.trainer import checkpoint
 from tests.fakes.cli import run_orch
-from tests.s3server import Throttling, s3_server
+from tests.s3server import Failing, Throttling, s3_server
 from tests.trainer.test_checkpoint import (
     TRAIN_STATE,
     each_rank_hashes_only_what_it_wrote,
@@ -199,6 +200,75 @@ def test_a_store_that_dies_mid_run_fails_the_save_in_one_line(s3, group, monkeyp
     )
 
 
+# --- the run's results at its end (#33) ------------------------------------------------------------------------
+
+SUMMARY = {"steps": 20, "final_loss": 0.5}
+
+
+def results_to_keep(tmp_path: Path) -> tuple[Path, dict]:
+    """What rank 0 has at the end: TensorBoard's events in the output directory, the final weights."""
+    (tmp_path / "out" / "tensorboard").mkdir(parents=True)
+    (tmp_path / "out" / "tensorboard" / "events.out.tfevents.1").write_bytes(b"events")
+    return tmp_path / "out", {"weight": torch.ones(4, 4)}
+
+
+@pytest.mark.parametrize(
+    ("how", "name", "reason"),
+    [
+        ("refused", "model.pt", "access denied (the credentials may not write there)"),
+        ("throttled", "tensorboard", "the store kept throttling (503 SlowDown) past the retry budget"),
+        ("gone", "summary.json", "the store at {endpoint} (AWS_ENDPOINT_URL) cannot be reached (the connection failed)"),
+    ],
+)  # fmt: skip
+def test_results_the_store_will_not_take_are_one_line_and_no_summary_claims_them(
+    s3, monkeypatch, tmp_path, how, name, reason
+):
+    """#33: a failed upload at the end was a traceback (`rank 0 failed (exit code 1): }` through `orch run`), and
+    summary.json went up before TensorBoard's events. Now: one line naming what, where (the endpoint) and why;
+    summary.json last, and the one an earlier run left on the prefix removed first, so that no summary stands
+    beside results that are not there (or not its own)."""
+    from orchestrator.trainer import results
+
+    earlier = storage.location("s3://bkt/run")
+    (earlier / "summary.json").write_bytes(b'{"steps": 10}')  # an earlier run's, on the prefix resumed
+    output_dir, model = results_to_keep(tmp_path)
+    (output_dir / "summary.json").write_text('{"steps": 10}')  # ... and in the output directory
+    monkeypatch.setenv(storage.RETRY_SECONDS, "2")
+    with Failing(s3.endpoint, (name,), how) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        with pytest.raises(results.ResultsNotKept) as caught:
+            results.keep(output_dir, dict(SUMMARY), model=model, store=storage.location("s3://bkt/run"),
+                         tensorboard="tensorboard")  # fmt: skip
+    what = {"model.pt": "model.pt", "tensorboard": "TensorBoard's events (tensorboard/)"}.get(name, name)
+    where = (
+        "s3://bkt/run" if how == "gone" else f"s3://bkt/run (the store at {proxy.endpoint}, AWS_ENDPOINT_URL)"
+    )
+    unclaimed = "" if name == "summary.json" else "no summary.json was written; "
+    assert str(caught.value) == (
+        f"training finished at step 20, but {what} could not be written to {where}: "
+        f"{reason.format(endpoint=proxy.endpoint)}; {unclaimed}check the store (its credentials, its endpoint, that "
+        "it is up) and run again with the same output: it resumes from its last checkpoint and writes the results"
+    )
+    assert proxy.failed >= 1 and "testing" not in str(caught.value)  # (the secret key is "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    kept = names("s3://bkt/run")
+    assert "summary.json" not in kept and not (output_dir / "summary.json").exists()
+    assert ("model.pt" in kept) == (name != "model.pt")  # written up to the write that failed, none after
+    assert ("tensorboard" in kept) == (name == "summary.json")
+    assert (output_dir / "model.pt").exists()  # the local copy, which the rerun uploads again
+
+
+def test_results_in_the_store_end_with_summary_json(s3, tmp_path):
+    from orchestrator.trainer import results
+
+    output_dir, model = results_to_keep(tmp_path)
+    results.keep(output_dir, dict(SUMMARY), model=model, store=storage.location("s3://bkt/run"),
+                 tensorboard="tensorboard")  # fmt: skip
+    assert names("s3://bkt/run") == ["model.pt", "summary.json", "tensorboard"]
+    assert json.loads((storage.location("s3://bkt/run") / "summary.json").read_text()) == SUMMARY
+    assert json.loads((output_dir / "summary.json").read_text()) == SUMMARY
+
+
 def test_a_missing_bucket_or_bad_credentials_is_one_line_at_start(s3, monkeypatch):
     with pytest.raises(storage.StorageError) as caught:
         storage.check_writable("s3://no-such-bucket/run")
@@ -340,6 +410,37 @@ def test_orch_run_out_s3_keeps_everything_in_the_store_and_resumes_at_another_wo
     assert any(p.name.startswith("events.out.tfevents") for p in (root / "tensorboard").iterdir())
     # the logs stay on this machine, in a new local directory per run
     assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_orch_run_whose_model_the_store_refuses_ends_in_one_line_and_the_rerun_writes_it(s3, tmp_path):
+    """#33 through `orch run`, 2 ranks: the store refuses model.pt at the end. One line (no traceback, no
+    `rank 0 failed (exit code 1): }`), exit 74 (the training finished, its results are not where asked), every
+    rank ended with it, no summary.json anywhere; the same command again, with the store fixed, resumes at the
+    last step from the final checkpoint and writes the results without training again."""
+    job = str(REPO_ROOT / "examples" / "digits.yaml")
+    common = ("--steps", "20", "--set", "train.checkpoint.every_steps=10", "--out", "s3://bkt/digits")
+    with Failing(s3.endpoint, ("model.pt",), "refused") as proxy:
+        failed = orch(job, *common, env=s3.env(proxy.endpoint), cwd=tmp_path)
+    assert failed.returncode == exit_codes.RESULTS_NOT_KEPT, failed.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    line = (
+        f"training finished at step 20, but model.pt could not be written to s3://bkt/digits (the store at "
+        f"{proxy.endpoint}, AWS_ENDPOINT_URL): access denied (the credentials may not write there); no summary.json "
+        "was written; check the store (its credentials, its endpoint, that it is up) and run again with the same "
+        "output: it resumes from its last checkpoint and writes the results"
+    )
+    assert failed.stderr.splitlines()[-1] == f"error: {line}; its output: runs/{run_dir.name}/logs/rank-0.log"
+    said = failed.stdout + failed.stderr
+    assert "Traceback" not in said and said.count("error: ") == 1
+    for rank in (0, 1):  # every rank learnt it from rank 0 and ended with it (exit 74 each)
+        assert (run_dir / "logs" / f"rank-{rank}.log").read_text().rstrip().endswith(f"error: {line}")
+    assert "summary.json" not in names("s3://bkt/digits") and not (run_dir / "summary.json").exists()
+    again = orch(job, *common, env=s3.env(), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from s3://bkt/digits/checkpoints/step-00000020 at step 20" in again.stdout
+    summary = json.loads((storage.location("s3://bkt/digits") / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["steps"]) == (20, 20)
+    assert "model.pt" in names("s3://bkt/digits")
 
 
 def test_orch_run_refuses_an_unusable_store_in_one_line_before_starting(s3, tmp_path):
