@@ -46,7 +46,10 @@ def run(
     --out s3://bucket/prefix (or gs://, az://) keeps checkpoints, model.pt, summary.json and TensorBoard's
     events in the object store (credentials and AWS_ENDPOINT_URL from the environment or the job's env);
     the logs stay in runs/NAME-TIMESTAMP/.
-    With `restart.policy: job` a failing rank restarts every rank, up to restart.max_restarts times.
+    With `restart.policy: job` a failing rank restarts every rank, up to restart.max_restarts times, unless
+    it refused its input (exit 2: a restart would refuse again). Exit 74: the training finished but its
+    results (model.pt, summary.json, TensorBoard's events) could not all be written where asked; run the
+    same command again to write them (it resumes from the final checkpoint).
     Metrics are served on 127.0.0.1 (another port when the job's is taken; ORCH_METRICS_ADDR to change).
 
     \b
