@@ -273,7 +273,7 @@ def _hang_line(output_dir: Path, *, since: float) -> str:
 
 
 def _failure_message(
-    error: Any, local: LocalPlan, log_dir: Path, restarts: launch.Restarts
+    error: Any, local: LocalPlan, log_dir: Path, restarts: launch.Restarts | None = None
 ) -> tuple[str, int]:
     """One line and `orch run`'s exit code: the first failing rank, its exception and where it was raised, its
     log file, and before it any rank that had exited 0 while the others ran (what they failed waiting for).
@@ -298,6 +298,7 @@ def _failure_message(
         text = f"128 + {_signal_name(failure.exitcode - 128)}: a process it ran was killed by that signal"
     else:
         text = "no error recorded"
+    restarts = restarts or launch.Restarts()  # (what the agent did: none, when not told)
     done = f" after {restarts.done} restart{'s' * (restarts.done != 1)}" if restarts.done else ""
     code = f"exit code {failure.exitcode}"
     if restarts.refused_by is not None:  # restart.policy job / elastic would have restarted any other failure

@@ -290,15 +290,3 @@ def test_a_pods_torchrun_does_not_restart_a_refusal_under_restart_policy_job(tmp
     assert result.returncode == exit_codes.REFUSED, result.stderr[-3000:]
     assert (out / "starts-0").read_text() == "started\n"
     assert "exit code 2 (permanent)" in result.stderr
-
-
-def test_the_restart_rule():
-    """Whether a restart can change how the ranks end, from the exit codes of those that failed."""
-    assert (
-        exit_codes.restartable([1]) and exit_codes.restartable([-9, 1]) and exit_codes.restartable([143, 200])
-    )
-    assert (
-        not exit_codes.restartable([2])
-        and not exit_codes.restartable([-15, 74])
-        and not exit_codes.restartable([127])
-    )
