@@ -73,7 +73,9 @@ def openmetrics(end: int) -> str:
             add("orch_train_elastic_restarts", "gauge", r, lambda i, t: 1)
             add("orch_goodput_ratio", "gauge", r, lambda i, t: 0.8)
             for cause, share in (("unproductive_checkpoint_save_time", 0.05), ("data_loading_sync", 0.15)):
-                add("orch_badput_seconds", "counter", dict(r, cause=cause), lambda i, t, s=share: i * STEP * s)
+                add(
+                    "orch_badput_seconds", "counter", dict(r, cause=cause), lambda i, t, s=share: i * STEP * s
+                )
             add("orch_torch_cuda_memory_allocated_bytes", "gauge", r, lambda i, t: 30e9)
             add("orch_torch_cuda_memory_reserved_bytes", "gauge", r, lambda i, t: 40e9)
             add("orch_torch_cuda_memory_peak_allocated_bytes", "gauge", r, lambda i, t: 35e9)
