@@ -22,7 +22,7 @@ from orchestrator import exit_codes, launch, naming, outputs
 from orchestrator.job.spec import JobSpec
 from orchestrator.rendering import render
 from orchestrator.rendering.pod import LAUNCHER
-from tests.spec.test_restart_launch import finish, kill_all, pod_command
+from tests.spec.test_restart_launch import elastic_operator_env, finish, kill_all, pod_command
 from tests.spec.test_torchrun_launch import free_port
 from tests.trainer.conftest import REPO, job, orch_run, write_job
 from tests.trainer.test_faults import wait_for
@@ -275,14 +275,7 @@ def test_a_pods_torchrun_does_not_restart_a_refusal_under_restart_policy_job(tmp
     (container,) = job_spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     command = pod_command(container["command"], found["ConfigMap"], tmp_path / "etc-orch")
     out = tmp_path / "out"
-    operator_env = {  # the v1.9 operator's env for an elastic job (elastic.go), as tests/spec/test_restart_launch.py plays it
-        "PYTHONUNBUFFERED": "1",
-        "PET_NPROC_PER_NODE": job_spec["nprocPerNode"],
-        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
-        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
-        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
-        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
-    }
+    operator_env = elastic_operator_env(job_spec)  # as tests/spec/test_restart_launch.py plays the operator
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     result = run_pod(
         command, env | operator_env | {"ORCH_OUTPUT_DIR": str(out), "TMPDIR": str(tmp_path)}, out

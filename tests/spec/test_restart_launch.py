@@ -126,6 +126,20 @@ def finish(pods: list[subprocess.Popen], out: Path, timeout: float = 300) -> lis
     return outputs
 
 
+def elastic_operator_env(job_spec: dict) -> dict[str, str]:
+    """The v1.9 operator's env for an elastic PyTorchJob's pods (elastic.go: PET_NNODES=min:max, the rendezvous
+    backend and endpoint, PET_MAX_RESTARTS), the endpoint a free local port."""
+    elastic = job_spec["elasticPolicy"]
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "PET_NPROC_PER_NODE": job_spec["nprocPerNode"],
+        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
+        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
+    }
+
+
 def test_pytorchjob_restart_job_reforms_the_whole_group(tmp_path, reference):
     """Elastic agents with min = max = nodes: rank 1's process is SIGKILLed; its agent restarts its worker,
     the other agent sees the new rendezvous round and restarts its own, so both ranks resume together."""
@@ -134,18 +148,10 @@ def test_pytorchjob_restart_job_reforms_the_whole_group(tmp_path, reference):
     found = {o["kind"]: o for o in render.render(spec, api="pytorchjob")}
     job_spec = found["PyTorchJob"]["spec"]
     assert set(job_spec["pytorchReplicaSpecs"]) == {"Worker"}
-    elastic = job_spec["elasticPolicy"]
     (container,) = job_spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     command = pod_command(container["command"], found["ConfigMap"], tmp_path / "etc-orch")
     out = tmp_path / "out"
-    operator_env = {
-        "PYTHONUNBUFFERED": "1",
-        "PET_NPROC_PER_NODE": job_spec["nprocPerNode"],
-        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
-        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
-        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
-        "PET_MAX_RESTARTS": str(elastic["maxRestarts"]),
-    }
+    operator_env = elastic_operator_env(job_spec)
     env = {e["name"]: e["value"] for e in container["env"]} | operator_env | {"ORCH_OUTPUT_DIR": str(out)}
     pods = [start(command, env) for _ in range(job_spec["pytorchReplicaSpecs"]["Worker"]["replicas"])]
     try:

@@ -24,6 +24,6 @@ def test_the_ranks_shim_imports_only_what_it_needs():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.stdout.split("\n")[0] == str(
-        ["orchestrator", "orchestrator.errors", "orchestrator.local", "orchestrator.local.worker",
+        ["orchestrator", "orchestrator.errors", "orchestrator.exit_codes", "orchestrator.local", "orchestrator.local.worker",
          "orchestrator.outputs"]
     ), result.stderr  # fmt: skip
