@@ -4,6 +4,7 @@ folder made, no study); in-process (`orch sweep` through main(), as the console 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,20 @@ def test_cluster_flags_need_cluster(tmp_path):
     assert (result.returncode, result.stderr) == (
         2, "error: --kubeconfig, --context and --namespace choose the cluster of --cluster: add --cluster\n"
     )  # fmt: skip
+
+
+EXAMPLE_SWEEPS = sorted((Path(__file__).parents[2] / "examples" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_SWEEPS, ids=[p.stem for p in EXAMPLE_SWEEPS])
+def test_every_example_sweep_loads_with_its_job(path):
+    """The sweeps the docs point at are valid as shipped: their job found beside them, every parameter a --set
+    path that fits it (a micro-batch that does not divide the job's batch would be refused here)."""
+    sweep = spec.load_sweep(path)
+    assert sweep.name == path.stem
+    assert sweep.job_file.is_file()
+    assert sweep.spec.parameters and sweep.trials >= 1
+
+
+def test_the_examples_folder_has_a_sweep():
+    assert EXAMPLE_SWEEPS, "examples/sweeps/ holds no sweep file"
