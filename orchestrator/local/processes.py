@@ -321,11 +321,15 @@ def _first_failure(error: Any) -> tuple[int, Any]:
     OOM kill, a segfault) is taken as the cause; otherwise the earliest error file (torch's own choice
     compares whole seconds, and the peers of a failed rank raise connection errors within milliseconds),
     and a rank that failed on its own before one the launcher stopped (SIGTERM, or the trainer's 128+signal
-    exit after its stop checkpoint), which has no error file either."""
+    exit after its stop checkpoint), which has no error file either. Results not kept are the lowest such
+    rank's (rank 0 writes them; every other rank ends with the line it was told, at the same moment)."""
     failures = dict(error.failures)
     killed = [r for r, f in failures.items() if f.exitcode < 0 and -f.exitcode not in STOP_SIGNALS]
     if killed:
         return min(killed), failures[min(killed)]
+    not_kept = [r for r, f in failures.items() if f.exitcode == exit_codes.RESULTS_NOT_KEPT]
+    if not_kept:
+        return min(not_kept), failures[min(not_kept)]
 
     def order(item: tuple[int, Any]) -> tuple[bool, float]:
         exitcode = item[1].exitcode

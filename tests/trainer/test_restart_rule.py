@@ -4,6 +4,7 @@ tests/spec/test_exit_codes.py (`orch run` and a pod's torchrun under restart.pol
 
 from __future__ import annotations
 
+import os
 import signal
 
 from orchestrator import exit_codes, launch
@@ -41,4 +42,26 @@ def test_results_not_kept_are_said_in_the_ranks_own_words_with_its_exit_code(tmp
     line, code = processes._failure_message(
         Failed({0: failure, 1: Failure(1, -signal.SIGTERM)}), LOCAL, tmp_path
     )
+    assert (line, code) == (f"{said}; its output: {tmp_path}/rank-0.log", 74)
+
+
+def test_results_not_kept_on_every_rank_name_rank_0_whose_write_failed(tmp_path):
+    """Every rank exits 74 at once (rank 0 tells them); the line names rank 0's log, which holds the failed
+    write, even where another rank's error file is the older one (the order torch's records would give)."""
+    said = "training finished at step 20, but model.pt could not be written to s3://b/r: access denied; ..."
+    files = {rank: tmp_path / f"error-{rank}.json" for rank in (0, 1)}
+    for rank, written_ns in ((0, 2 * 10**18), (1, 2 * 10**18 - 10**9)):  # rank 1's a second older
+        files[rank].write_text("{}")
+        os.utime(files[rank], ns=(written_ns, written_ns))
+    failures = {
+        rank: Failure(
+            rank,
+            exit_codes.RESULTS_NOT_KEPT,
+            error_file=str(files[rank]),
+            error_file_data=raised(rank, f"ResultsNotKept: {said}").error_file_data,
+        )
+        for rank in (1, 0)
+    }
+    assert os.stat(files[1]).st_mtime_ns < os.stat(files[0]).st_mtime_ns
+    line, code = processes._failure_message(Failed(failures), LOCAL, tmp_path)
     assert (line, code) == (f"{said}; its output: {tmp_path}/rank-0.log", 74)
