@@ -15,12 +15,14 @@ import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from orchestrator import storage
+from orchestrator.trainer import heartbeat
 from tests.fakes.cli import FAST, Env, write_kubeconfig
 from tests.fakes.emulator import serve
 from tests.s3server import S3Server, s3_server
@@ -138,6 +140,11 @@ def test_orch_stacks_prints_every_ranks_stack_by_rank_and_what_it_does(hung):
 
 
 def test_a_rank_that_cannot_answer_is_named_with_its_last_heartbeat(hung):
+    # rank 1's heartbeat thread beats every `interval`: stopped before its first beat at step 5, rank 1's last
+    # one would still say where it was before (step 0, in setup, when steps 1-4 took under one interval)
+    interval, _ = heartbeat.intervals(TIMEOUT)
+    stopped_at = (hung.out / "stopped-1").stat().st_mtime
+    time.sleep(max(0.0, stopped_at + 2 * interval + 0.5 - time.time()))
     pid = hung.rank_pid(1)
     os.kill(pid, signal.SIGSTOP)  # no thread of rank 1 runs now: it cannot answer
     try:
