@@ -33,21 +33,11 @@ def slow(**synthetic_args) -> Task:
 def exits_0_on_rank(rank: int, at_step: int = 3, **synthetic_args) -> Task:
     """Rank `rank`'s loss function calls sys.exit(0) at its `at_step`-th call: one rank ends early and quietly
     (a task's or script's bug) while its peers go on to their next collective."""
-    import sys
+    from tests.trainer import plugin_tasks
 
-    task = synthetic.make(**synthetic_args)
     if int(os.environ["RANK"]) != rank:
-        return task
-    loss_fn, calls = task.loss_fn, [0]
-
-    def exiting(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] >= at_step:
-            sys.exit(0)
-        return loss_fn(*args, **kwargs)
-
-    task.loss_fn = exiting
-    return task
+        return synthetic.make(**synthetic_args)
+    return plugin_tasks.exits_early(at_step, **synthetic_args)
 
 
 def refuses(rank: int) -> Task:

@@ -96,11 +96,12 @@ def held_after_checkpoint(step: int, release: str, samples_after: int = 0, **syn
     return task
 
 
-def exits_early(at_step: int = 3) -> Task:
-    """A task whose loss function calls sys.exit(0) at a step: every rank exits 0 without a summary."""
+def exits_early(at_step: int = 3, **synthetic_args) -> Task:
+    """A task whose loss function calls sys.exit(0) at its `at_step`-th call: every rank exits 0 without a
+    summary."""
     import sys
 
-    task = synthetic.make()
+    task = synthetic.make(**synthetic_args)
     loss_fn, calls = task.loss_fn, [0]
 
     def exiting(*args, **kwargs):
