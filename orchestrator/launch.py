@@ -193,7 +193,9 @@ def restart_rule() -> Iterator[Restarts]:
         launcher.LocalElasticAgent = agent_class  # type: ignore[misc]
 
 
-def _raise_signal(signum: int, frame: Any) -> None:
+def raise_signal(signum: int, frame: Any) -> None:
+    """A signal handler that raises torch's SignalException, as torch's agent's own handler does once it runs
+    the workers (this launcher's and `orch run`'s cover the time before that)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     # Until torch's agent installs its own handlers (when it starts the workers), a SIGTERM during the
     # rendezvous ends this process the same way; as PID 1 it would otherwise be ignored until SIGKILL.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _raise_signal)
+        signal.signal(signum, raise_signal)
     try:
         try:
             with restart_rule():

@@ -77,7 +77,7 @@ class _StopSignals:
 
     def install(self) -> None:
         for number in self.SIGNALS:
-            self._previous[number] = signal.signal(number, self._raise)
+            self._previous[number] = signal.signal(number, launch.raise_signal)
 
     def settle(self) -> None:
         for number in self._previous:
@@ -87,12 +87,6 @@ class _StopSignals:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
-
-    @staticmethod
-    def _raise(number: int, frame: Any) -> None:
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-
-        raise SignalException(f"process {os.getpid()} got signal {number}", sigval=signal.Signals(number))
 
     def _note(self, number: int, frame: Any) -> None:
         self.late.append(number)
