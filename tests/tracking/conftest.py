@@ -164,6 +164,21 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+@pytest.fixture(autouse=True)
+def no_tracker_thread_outlives_its_test():
+    """A tracker's thread still sending after its test (close() keeps to its deadline; the thread goes on
+    until its request fails) would print its warning into whichever test runs next on this worker. Autouse,
+    so set up before and torn down after the servers a test uses: the threads end once those are gone."""
+    import threading
+
+    before = set(threading.enumerate())
+    yield
+    for thread in set(threading.enumerate()) - before:
+        if thread.name == "orch-mlflow":
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "an MLflow tracker's thread is still sending 60 s after its test"
+
+
 @pytest.fixture
 def silent_server():
     """A server that accepts connections and never answers (a hung MLflow, a proxy that swallows

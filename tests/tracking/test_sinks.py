@@ -78,14 +78,15 @@ def test_a_resumed_tracker_continues_the_same_run(mlflow_server):
 
 
 def test_a_server_that_is_down_is_one_warning_and_the_loss_is_said_at_the_end(capsys):
-    tracker = mlflow_tracker(f"http://127.0.0.1:{free_port()}", retry_seconds=0.01, close_seconds=60)
+    uri = f"http://127.0.0.1:{free_port()}"
+    tracker = mlflow_tracker(uri, retry_seconds=0.01, close_seconds=60)
     tracker.start()
     tracker.log_params({"a": 1})
     for step in range(1, 21):
         tracker.log_metrics(step, {"train/loss": 1.0 / step, "train/lr": 0.1})
     unsent = tracker.close()
     err = capsys.readouterr().err
-    assert err.count("warning:") == 1 and "did not answer" in err
+    assert err.count("warning:") == 1 and f"MLflow at {uri} did not answer" in err
     assert len(unsent) == 1
     assert unsent[0].startswith("MLflow: not sent to http://127.0.0.1:")
     assert "40 metric values, 1 params" in unsent[0]
