@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import apis, naming, runtime_env
@@ -138,7 +139,8 @@ def warnings(spec: JobSpec, api: str | None = None) -> list[str]:
     (BestEffort), pods that may be scheduled partially, checkpoints that a restart would lose, and what
     the API adds."""
     chosen = resolve_api(spec, api)
-    found = [message for message in (_image_warning(spec), _best_effort_warning(spec)) if message]
+    checks = (_image_warning(spec), _best_effort_warning(spec), _plain_secret_warning(spec))
+    found = [message for message in checks if message]
     unguarded = scheduling.kueue_queue(spec) is None and scheduling.gang_scheduler(spec) is None
     if spec.nodes > 1 and spec.scheduling.gang is not False and spec.runtime is None and unguarded:
         found.append(
@@ -191,6 +193,29 @@ def _best_effort_warning(spec: JobSpec) -> str | None:
         "resources sets no cpu or memory, so the pods are BestEffort (no requests; a GPU limit does not "
         "count): the first evicted when a node runs short of memory, taking every rank with it; set "
         'resources: {cpu: "8", memory: 32Gi} (what one pod needs)'
+    )
+
+
+# A name whose last part says credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, DB_PASSWORD): the last
+# part only, so TOKENIZERS_PARALLELISM or MAX_TOKENS are not taken for one.
+_CREDENTIAL_NAME = re.compile(
+    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|(?:SECRET|API|ACCESS|ACCOUNT|PRIVATE|SESSION)_KEY)$"
+)
+
+
+def _plain_secret_warning(spec: JobSpec) -> str | None:
+    """An `env:` value is written as is into the job's objects: anyone who can read the job (or its rendered
+    YAML, or a CI log of `orch render`) reads it. A credential belongs in secret_env (a secretKeyRef). Warned,
+    not refused: the name is only a hint, and `orch run` (no rendered object) is where env is fine. The
+    value is never shown."""
+    names = [name for name in spec.env if _CREDENTIAL_NAME.search(name.upper())]
+    if not names:
+        return None
+    listed = ", ".join(f"env.{name}" for name in names)
+    return (
+        f"{listed} looks like a credential, and env values are written as they are into the job's objects "
+        f"(anyone who can read the job reads it); give it to the pods from a Secret: secret_env: "
+        f"{{{names[0]}: {{secret: NAME, key: KEY}}}}"
     )
 
 

@@ -119,3 +119,33 @@ def test_validate_render_and_submit_say_the_same_warnings_of_an_unversioned_imag
     assert all(
         orch(*c, str(job)).stderr == "" for c in (["validate"], ["render"], ["submit", "--dry-run=client"])
     )
+
+
+def test_a_credential_in_plain_env_is_one_warning_naming_it_never_its_value(tmp_path):
+    """#33: env values are written as they are into the job's objects. A credential-looking name with a literal
+    value is one `warning:` line at validate, render and submit alike, naming the field and the fix
+    (secret_env), never the value; names that only contain such a word (TOKENIZERS_PARALLELISM) are not."""
+    secret = "s3cr3t-value-4242"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: demo\nimage: registry.example/trainer:1.0\nresources: {cpu: 2}\n"
+        "train: {task: digits, batch_size: 64}\n"
+        f"env: {{TOKENIZERS_PARALLELISM: 'false', MAX_TOKENS: '8', AWS_SECRET_ACCESS_KEY: {secret}, "
+        f"HF_TOKEN: {secret}}}\n"
+    )
+    said = {}
+    for command in (["validate"], ["render"], ["submit", "--dry-run=client"]):
+        result = orch(*command, str(job))
+        assert result.returncode == 0, result.stderr
+        said[command[0]] = result.stderr.splitlines()
+        assert secret not in result.stderr
+    assert said["validate"] == said["render"] == said["submit"]
+    (line,) = said["render"]
+    assert line.startswith("warning: env.AWS_SECRET_ACCESS_KEY, env.HF_TOKEN looks like a credential")
+    assert "secret_env: {AWS_SECRET_ACCESS_KEY: {secret: NAME, key: KEY}}" in line
+    assert "TOKENIZERS" not in line and "MAX_TOKENS" not in line
+    job.write_text(
+        job.read_text().replace(f", HF_TOKEN: {secret}", "").replace(f", AWS_SECRET_ACCESS_KEY: {secret}", "")
+        + "secret_env: {HF_TOKEN: {secret: hf, key: token}}\n"
+    )
+    assert orch("render", str(job)).stderr == ""
