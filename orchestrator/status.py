@@ -47,7 +47,7 @@ class PodSummary:
     phase: str  # the pod phase, or the waiting/terminating reason that explains it (CrashLoopBackOff, ...)
     node: str
     restarts: int
-    last_termination: str  # e.g. "OOMKilled (exit 137)"; "" when the container never ended
+    last_termination: str  # e.g. "OOMKilled (exit 137)": its end, or its last one; "" when it never ended
 
     @property
     def label(self) -> str:
@@ -346,7 +346,9 @@ def pod_summary(api: JobAPI, pod: Any) -> PodSummary:
         shown = "Terminating"
     elif waiting and waiting != "ContainerCreating":
         shown = waiting  # CrashLoopBackOff, ImagePullBackOff, ...: more useful than "Pending"
-    terminated = read.dig(container, "lastState", "terminated")
+    # The container's own end when it has ended (a Failed pod that is not restarted: OOMKilled is why), else
+    # the end before its current run (a restarted container).
+    terminated = read.dig(container, "state", "terminated") or read.dig(container, "lastState", "terminated")
     last = ""
     if isinstance(terminated, dict) and terminated:
         code = terminated.get("exitCode")
