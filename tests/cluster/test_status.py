@@ -68,7 +68,9 @@ def test_pod_summary_explains_the_pod():
     # A pod that is not restarted (restartPolicy Never, or a failed Job pod): its container's own end says why.
     ended = pod_object("j-worker-1", "j", "worker", 1, state="running")
     ended["status"]["phase"] = "Failed"
-    ended["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    ended["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}
+    }
     assert (status.pod_summary(API, ended).phase, status.pod_summary(API, ended).last_termination) == (
         "Failed",
         "OOMKilled (exit 137)",
