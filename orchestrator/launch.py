@@ -298,8 +298,7 @@ def _node_rank() -> int:
 def set_worker_env(environ: MutableMapping[str, str]) -> None:
     """What the ranks inherit from this launcher besides the pod's env: NCCL's flight recorder, dumping
     into the output directory (outputs.nccl_trace_env), where the job's env does not say otherwise."""
-    for name, value in outputs.nccl_trace_env(environ.get(outputs.ENV) or ".").items():
-        environ.setdefault(name, value)
+    environ.update(outputs.nccl_trace_env(environ.get(outputs.ENV) or ".", environ))
 
 
 if __name__ == "__main__":

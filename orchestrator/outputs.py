@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,19 +104,47 @@ def stacks_answer(request_id: str, rank: int | str) -> str:
     return f"{stacks_answers(request_id)}/rank-{rank}.json"
 
 
-def nccl_trace_env(output_dir: Path | str) -> dict[str, str]:
-    """NCCL's flight recorder, as both launchers set it for the ranks unless the job's env does: the last
-    NCCL_TRACE_ENTRIES collectives of each rank in a ring buffer, dumped to NCCL_TRACES/rank_N when a
-    collective times out (`python -m torch.distributed.flight_recorder.fr_trace NCCL_TRACES` reads them).
-    Both spellings of the dump's path: TORCH_FR_DUMP_TEMP_FILE (torch 2.7+), TORCH_NCCL_DEBUG_INFO_TEMP_FILE
-    (before). Nothing is recorded on gloo."""
+def nccl_trace_env(
+    output_dir: Path | str, given: Mapping[str, str] = {}, torch_version: str | None = None
+) -> dict[str, str]:
+    """NCCL's flight recorder, as both launchers set it for the ranks: what to add to `given` (the ranks' env so
+    far; a setting it has, under either of its names, is left as the job wrote it). The last NCCL_TRACE_ENTRIES
+    collectives of each rank in a ring buffer, dumped to NCCL_TRACES/rank_N when a collective times out
+    (`python -m torch.distributed.flight_recorder.fr_trace NCCL_TRACES` reads them). Nothing is recorded on gloo.
+
+    The buffer's size goes under the one name the installed torch reads without a word (torch_version: the
+    installed one when None): TORCH_FR_BUFFER_SIZE from torch 2.11, where the recorder reads it first and
+    warns on every rank that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; the old name before, where
+    ProcessGroupNCCL reads only it (torch/csrc/distributed/c10d/FlightRecorder.hpp, ProcessGroupNCCL.cpp).
+    Both spellings of the dump's path, which torch reads for different dumps: TORCH_FR_DUMP_TEMP_FILE (2.7+),
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE."""
     prefix = str(Path(output_dir) / NCCL_TRACES / "rank_")
-    return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(NCCL_TRACE_ENTRIES),
+    settings = {
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
     }
+    if not any(name in given for name in TRACE_BUFFER_NAMES):
+        settings[_trace_buffer_name(torch_version)] = str(NCCL_TRACE_ENTRIES)
+    return {name: value for name, value in settings.items() if name not in given}
+
+
+# The flight recorder's buffer size: torch 2.11's name, the old one.
+TRACE_BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def _trace_buffer_name(torch_version: str | None) -> str:
+    """TORCH_FR_BUFFER_SIZE for torch 2.11 and later, else (older, or a version that cannot be read) the old name."""
+    if torch_version is None:
+        import importlib.metadata  # here: the ranks' shim imports this module and never asks
+
+        try:
+            torch_version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch_version = ""
+    parts = re.match(r"(\d+)\.(\d+)", torch_version)
+    new = parts is not None and (int(parts[1]), int(parts[2])) >= (2, 11)
+    return TRACE_BUFFER_NAMES[0] if new else TRACE_BUFFER_NAMES[1]
 
 
 NCCL_TRACE_ENTRIES = 2000

@@ -134,8 +134,7 @@ def run(local: LocalPlan, *, progress_bar: bool, stream: TextIO = sys.stdout) ->
     # The goodput journal's start, when this is the job's first run (a resumed OUT keeps the first run's).
     launched = time.time()
     env[runtime_env.JOB_STARTED] = repr(launched)
-    for name, value in outputs.nccl_trace_env(local.output_dir.resolve()).items():  # GPUs: NCCL's dumps
-        env.setdefault(name, value)
+    env.update(outputs.nccl_trace_env(local.output_dir.resolve(), env))  # GPUs: NCCL's dumps
     # the log keeps every line; the console drops the ones the progress bar shows
     env[runtime_env.LOG_LINES] = "1"
     if local.train is not None:

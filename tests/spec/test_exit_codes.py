@@ -220,7 +220,8 @@ def test_a_sigkill_seen_with_a_raise_is_the_cause_unless_the_agent_sent_it_after
 
 
 def test_the_pod_launcher_turns_on_nccls_flight_recorder_dumping_into_the_output_dir():
-    """#31: env only (no GPU here): what the ranks inherit; a value the job's env sets is kept."""
+    """#31: env only (no GPU here): what the ranks inherit; a value the job's env sets is kept, under either of
+    the buffer size's names (torch 2.11's would take precedence over the job's old one)."""
     env = {"ORCH_OUTPUT_DIR": "/orch/output", "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
     launch.set_worker_env(env)
     assert env == {
@@ -230,6 +231,31 @@ def test_the_pod_launcher_turns_on_nccls_flight_recorder_dumping_into_the_output
         "TORCH_FR_DUMP_TEMP_FILE": "/orch/output/nccl-traces/rank_",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/orch/output/nccl-traces/rank_",
     }
+    env = {"ORCH_OUTPUT_DIR": "/orch/output", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    launch.set_worker_env(env)
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0" and set(env) & set(outputs.TRACE_BUFFER_NAMES)
+
+
+@pytest.mark.parametrize(
+    "version, name",
+    [
+        ("2.13.0+cpu", "TORCH_FR_BUFFER_SIZE"),
+        ("2.11.0a0+git1234", "TORCH_FR_BUFFER_SIZE"),
+        ("3.0.0", "TORCH_FR_BUFFER_SIZE"),
+        ("2.10.1", "TORCH_NCCL_TRACE_BUFFER_SIZE"),  # ProcessGroupNCCL read only the old name
+        ("2.4.0", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+        (
+            "",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        ),  # a torch whose version cannot be read: the name every release reads
+    ],
+)
+def test_the_flight_recorders_buffer_goes_under_the_name_the_torch_reads_without_a_warning(version, name):
+    """torch 2.11+ warns on every rank that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated (c10d/Utils.hpp's
+    WARN_ENV_VAR_ONCE from FlightRecorder.hpp's getCvarInt); exactly one of the two names is set."""
+    settings = outputs.nccl_trace_env("/out", torch_version=version)
+    assert settings[name] == str(outputs.NCCL_TRACE_ENTRIES)
+    assert len(set(settings) & set(outputs.TRACE_BUFFER_NAMES)) == 1
 
 
 # --- one restart rule for both launchers (#33) ------------------------------------------------------------------

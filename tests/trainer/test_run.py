@@ -162,6 +162,8 @@ def test_training_job_output_layout_and_plain_log_lines(run_job, tmp_path, monke
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)),
         **outputs.nccl_trace_env(out.resolve()),  # NCCL's flight recorder, dumping into OUT (#31)
     }
+    # The flight recorder's buffer under the name this torch reads without warning on every rank (#31).
+    assert "is deprecated; use" not in run.stdout + run.stderr
     # Not a terminal: plain lines every log_every steps, the evals, and the result last.
     assert "\r" not in run.stdout
     lines = run.stdout.splitlines()
